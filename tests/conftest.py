@@ -1,0 +1,16 @@
+"""Test configuration shared by the whole suite.
+
+Eight virtual CPU devices exist so that sharded strategies are tested on a
+real mesh; this must happen before JAX initializes its backends. Rank
+promotion is an error so that broadcasting slips fail loudly.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_enable_x64", False)
