@@ -1,0 +1,732 @@
+"""Synthetic federated datasets, generated offline with NumPy, seeded.
+
+Every generator returns a `FederatedDataset` whose populations are packed
+`ClientPopulation`s with two features:
+
+* `"x"`: `[E, D]` float32 inputs;
+* `"y"`: `[E]` int32 class labels in `[0, num_classes)`.
+
+All randomness comes from `numpy.random.Generator`s seeded by the arguments,
+so the same arguments give bit-identical arrays on the same NumPy version.
+
+Generators:
+
+* `fedprox_synthetic`: FedProx Synthetic(alpha, beta) and Synthetic-IID
+  (`shared/notes/thesis-spec.md` section 8.1, `shared/notes/data-sources.md`
+  section 3.1).
+* `label_shift`: the make_classification label-shift dataset of Delta-FL
+  (paper 004, Appendix D.2; `shared/notes/data-sources.md` section 3.3).
+* `peer_benchmark`: the peers' FedAvg benchmark workload, bit-identical to
+  `shared/peers/fedjax_fedavg.py` (`shared/peers/README.md`).
+* `many_clients`: up to millions of small clients for the population-scaling
+  benchmark, generated without a per-client Python loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from jaxfl.data.population import (
+    ClientPopulation,
+    FederatedDataset,
+    pack_arrays,
+    pack_clients,
+)
+
+__all__ = [
+    "fedprox_synthetic",
+    "label_shift",
+    "many_clients",
+    "peer_benchmark",
+]
+
+# The largest number of examples a packed population can index with int32
+# offsets (see `pack_arrays`); checked before generating, not after.
+_MAX_EXAMPLES = np.iinfo(np.int32).max - 1
+
+
+# ---------------------------------------------------------------------------
+# Argument checks: each names the argument and its allowed range, so that the
+# registry (and the CLI above it) can pass the message through unchanged.
+# ---------------------------------------------------------------------------
+
+
+def _range_text(minimum, maximum, min_inclusive=True, max_inclusive=True):
+    if maximum is None:
+        return f"{'>=' if min_inclusive else '>'} {minimum}"
+    left = "[" if min_inclusive else "("
+    right = "]" if max_inclusive else ")"
+    return f"in {left}{minimum}, {maximum}{right}"
+
+
+def _check_int(name, value, *, minimum, maximum=None):
+    """Returns `value` as an int, or raises naming `name` and its range."""
+    allowed = f"{name} must be an integer {_range_text(minimum, maximum)}"
+    # bool is an Integral, but `num_clients=True` is a mistake, not a 1.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{allowed}, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{allowed}, got {value!r}")
+    return int(value)
+
+
+def _check_float(
+    name,
+    value,
+    *,
+    minimum,
+    maximum=None,
+    min_inclusive=True,
+    max_inclusive=True,
+):
+    """Returns `value` as a float, or raises naming `name` and its range."""
+    allowed = (
+        f"{name} must be a number "
+        f"{_range_text(minimum, maximum, min_inclusive, max_inclusive)}"
+    )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{allowed}, got {value!r}")
+    value = float(value)
+    too_low = value < minimum if min_inclusive else value <= minimum
+    too_high = maximum is not None and (
+        value > maximum if max_inclusive else value >= maximum
+    )
+    if not math.isfinite(value) or too_low or too_high:
+        raise ValueError(f"{allowed}, got {value!r}")
+    return value
+
+
+def _check_seed(name, value):
+    return _check_int(name, value, minimum=0)
+
+
+def _check_total_examples(total, what):
+    if total > _MAX_EXAMPLES:
+        raise ValueError(
+            f"{what} would hold {total} examples; a population supports at "
+            f"most {_MAX_EXAMPLES} (int32 offsets)"
+        )
+
+
+# ---------------------------------------------------------------------------
+# FedProx Synthetic(alpha, beta) and Synthetic-IID.
+# ---------------------------------------------------------------------------
+
+
+def fedprox_synthetic(
+    alpha: float,
+    beta: float,
+    *,
+    num_clients: int = 100,
+    num_features: int = 60,
+    num_classes: int = 10,
+    iid: bool = False,
+    size_sigma: float = 2.0,
+    train_fraction: float = 0.9,
+    seed: int = 0,
+) -> FederatedDataset:
+    """FedProx Synthetic(alpha, beta), or Synthetic-IID with `iid=True`.
+
+    The generator of FedProx (`litian96/FedProx:
+    data/synthetic_*/generate_synthetic.py` and
+    `data/synthetic_iid/generate_iid.py`), as written out in
+    `shared/notes/thesis-spec.md` section 8.1 and
+    `shared/notes/data-sources.md` section 3.1. For client k:
+
+        n_k = int(lognormal(4, size_sigma)) + 50
+        u_k ~ N(0, alpha**2)      B_k ~ N(0, beta**2)
+        W_k ~ N(u_k, 1)^(D x C)   b_k ~ N(u_k, 1)^C
+        v_k ~ N(B_k, 1)^D
+        x ~ N(v_k, Sigma),  Sigma = diag((j + 1)**-1.2), j = 0..D-1
+        y = argmax(x @ W_k + b_k)    (= argmax of the softmax)
+
+    alpha and beta are *standard deviations*, as in the reference code, which
+    passes them as the scale of `numpy.random.normal` (the thesis writes
+    N(0, alpha), which reads as a variance; the two agree for alpha, beta in
+    {0, 1}; thesis-spec.md section 12 item 1). alpha controls how much the
+    clients' models differ, beta how much their inputs differ.
+
+    Synthetic-IID (`iid=True`): one global `W, b ~ N(0, 1)` shared by all
+    clients and `v_k = 0`; alpha and beta are then ignored (pass 0, 0).
+
+    Each client's examples are shuffled and split: the first
+    `int(train_fraction * n_k)` go to the training population, the rest to
+    the test population (the reference code uses 0.9; the thesis text says
+    0.8). The split is clamped so that every client keeps at least one
+    training and one test example.
+
+    The test population holds the *same clients* as the training population,
+    in the same order: test client k is training client k's held-out
+    examples, drawn from its own distribution. This is how FedProx, q-FFL and
+    Ditto evaluate on this dataset; it is not a population of unseen clients.
+
+    Reproducibility: the reference scripts set no seed, so their published
+    JSON files cannot be regenerated; this generator is seeded by
+    `numpy.random.default_rng(seed)` and matches them in distribution only.
+    It samples x as `v_k + sqrt(diag(Sigma)) * N(0, 1)` (the same law as
+    `multivariate_normal(v_k, Sigma)` for a diagonal Sigma, and faster).
+
+    Args:
+      alpha: standard deviation of the clients' model means u_k (>= 0).
+      beta: standard deviation of the clients' feature-mean centres B_k
+        (>= 0).
+      num_clients: number of clients K (FedProx: 30; q-FFL and Ditto: 100).
+      num_features: input dimension D.
+      num_classes: number of classes C (>= 2).
+      iid: Synthetic-IID instead of Synthetic(alpha, beta).
+      size_sigma: sigma of the lognormal client sizes (FedProx: 2; the
+        fair_flearn "hybrid" set uses 1; thesis-spec.md section 12 item 2).
+      train_fraction: fraction of each client's examples used for training,
+        in (0, 1).
+      seed: seed of `numpy.random.default_rng`.
+
+    Returns:
+      A `FederatedDataset` named `synthetic(alpha,beta)` or `synthetic-iid`,
+      with `input_shape == (num_features,)`.
+
+    Raises:
+      ValueError: an argument outside its range (the message names it).
+    """
+    num_clients = _check_int("num_clients", num_clients, minimum=1)
+    num_features = _check_int("num_features", num_features, minimum=1)
+    num_classes = _check_int("num_classes", num_classes, minimum=2)
+    size_sigma = _check_float("size_sigma", size_sigma, minimum=0.0)
+    train_fraction = _check_float(
+        "train_fraction",
+        train_fraction,
+        minimum=0.0,
+        maximum=1.0,
+        min_inclusive=False,
+        max_inclusive=False,
+    )
+    seed = _check_seed("seed", seed)
+    if not iid:
+        alpha = _check_float("alpha", alpha, minimum=0.0)
+        beta = _check_float("beta", beta, minimum=0.0)
+
+    rng = np.random.default_rng(seed)
+    # Heavy-tailed client sizes ("power law" in the thesis).
+    client_sizes = rng.lognormal(4.0, size_sigma, num_clients).astype(np.int64)
+    client_sizes += 50
+    _check_total_examples(int(client_sizes.sum()), "Synthetic")
+
+    # sqrt of Sigma's diagonal: x = v_k + feature_scales * standard normal.
+    feature_scales = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
+
+    if iid:
+        shared_weights = rng.normal(0.0, 1.0, (num_features, num_classes))
+        shared_bias = rng.normal(0.0, 1.0, num_classes)
+    else:
+        model_means = rng.normal(0.0, alpha, num_clients)  # u_k
+        feature_mean_centres = rng.normal(0.0, beta, num_clients)  # B_k
+
+    train_clients, test_clients = [], []
+    for k, size in enumerate(client_sizes):
+        if iid:
+            feature_mean = np.zeros(num_features)
+            weights, bias = shared_weights, shared_bias
+        else:
+            feature_mean = rng.normal(feature_mean_centres[k], 1.0, num_features)
+            weights = rng.normal(model_means[k], 1.0, (num_features, num_classes))
+            bias = rng.normal(model_means[k], 1.0, num_classes)
+        x = feature_mean + feature_scales * rng.standard_normal(
+            (size, num_features)
+        )
+        y = np.argmax(x @ weights + bias, axis=1)
+        order = rng.permutation(size)
+        x, y = x[order].astype(np.float32), y[order].astype(np.int32)
+        num_train = min(max(int(train_fraction * size), 1), size - 1)
+        train_clients.append({"x": x[:num_train], "y": y[:num_train]})
+        test_clients.append({"x": x[num_train:], "y": y[num_train:]})
+
+    if iid:
+        name = "synthetic-iid"
+        description = (
+            f"FedProx Synthetic-IID: {num_clients} clients, shared W and b, "
+            f"v_k = 0, sizes int(lognormal(4, {size_sigma:g})) + 50, "
+            f"train fraction {train_fraction:g}, seed {seed}; test clients "
+            "are the training clients' held-out examples"
+        )
+    else:
+        name = f"synthetic({alpha:g},{beta:g})"
+        description = (
+            f"FedProx Synthetic({alpha:g}, {beta:g}): {num_clients} clients, "
+            f"sizes int(lognormal(4, {size_sigma:g})) + 50, train fraction "
+            f"{train_fraction:g}, seed {seed}; test clients are the training "
+            "clients' held-out examples"
+        )
+    return FederatedDataset(
+        name=name,
+        train=pack_clients(train_clients),
+        test=pack_clients(test_clients),
+        num_classes=num_classes,
+        input_shape=(num_features,),
+        description=description,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Delta-FL label-shift dataset (make_classification + Dirichlet label mixes).
+# ---------------------------------------------------------------------------
+
+_LABEL_SHIFT_NUM_CLASSES = 10
+_LABEL_SHIFT_NUM_FEATURES = 20
+
+
+@functools.lru_cache(maxsize=2)
+def _make_classification_pool(
+    pool_size: int, data_seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The example pool of 004 Appendix D.2, as float32 x and int32 y.
+
+    Cached in-process (read-only arrays) because the paper-size call takes
+    about a second and sweeps load the dataset many times.
+    """
+    # Imported here: scikit-learn's import is slow and only this needs it.
+    from sklearn.datasets import make_classification
+
+    # Exactly the paper's call (004, Appendix D.2), n_samples and random_state
+    # aside. make_classification draws from the legacy RandomState: the pool
+    # is bit-stable only for a fixed scikit-learn version.
+    x, y = make_classification(
+        n_samples=pool_size,
+        n_features=_LABEL_SHIFT_NUM_FEATURES,
+        n_informative=15,
+        n_redundant=2,
+        n_repeated=0,
+        n_classes=_LABEL_SHIFT_NUM_CLASSES,
+        n_clusters_per_class=1,
+        class_sep=5.0,
+        hypercube=False,
+        random_state=data_seed,
+    )
+    x = x.astype(np.float32)
+    y = y.astype(np.int32)
+    x.flags.writeable = False
+    y.flags.writeable = False
+    return x, y
+
+
+def _draw_label_mixture_clients(
+    rng: np.random.Generator,
+    *,
+    num_clients: int,
+    examples_per_client: int,
+    concentration: float,
+    pool_labels: np.ndarray,
+    class_rows: np.ndarray,
+    class_starts: np.ndarray,
+    class_cursor: np.ndarray,
+    population: str,
+) -> np.ndarray:
+    """Pool rows of `num_clients` label-shifted clients, stored client-major.
+
+    Client i draws q_i ~ Dirichlet(concentration * ones(C)) and class counts
+    ~ Multinomial(examples_per_client, q_i); it takes that many examples of
+    each class from the per-class pools, without replacement: class k's pool
+    is `class_rows[class_starts[k]:class_starts[k + 1]]` (already shuffled)
+    and `class_cursor[k]` (updated in place) is its first unused position, so
+    no example goes to two clients. Each client's examples are then shuffled.
+
+    Returns:
+      `[num_clients * examples_per_client]` row indices into the pool.
+    """
+    num_classes = class_cursor.shape[0]
+    label_mixes = rng.dirichlet(np.full(num_classes, concentration), num_clients)
+    class_counts = rng.multinomial(examples_per_client, label_mixes)  # [M, C]
+
+    demand = class_counts.sum(axis=0)
+    available = np.diff(class_starts) - class_cursor
+    short = np.flatnonzero(demand > available)
+    if short.size:
+        k = int(short[0])
+        raise ValueError(
+            f"the example pool ran out of class {k}: the {population} clients "
+            f"need {int(demand[k])} examples of it but only {int(available[k])} "
+            f"are left of a pool of {pool_labels.size}; "
+            "raise pool_size or lower the number of clients or "
+            "examples_per_client"
+        )
+
+    # Segment s = (client s // C, class s % C) takes class_counts.flat[s]
+    # consecutive rows of its class pool, starting where the previous clients
+    # stopped; all of it vectorized, with no loop over clients.
+    start_in_class = np.cumsum(class_counts, axis=0) - class_counts
+    segment_first = (class_starts[:-1] + class_cursor + start_in_class).ravel()
+    segment_lengths = class_counts.ravel()
+    segment_of_row = np.repeat(np.arange(segment_lengths.size), segment_lengths)
+    row_in_segment = np.arange(segment_of_row.size) - np.repeat(
+        np.cumsum(segment_lengths) - segment_lengths, segment_lengths
+    )
+    rows = class_rows[segment_first[segment_of_row] + row_in_segment]
+    class_cursor += demand
+
+    # Rows arrive grouped by class within each client; shuffle within clients.
+    client_of_row = segment_of_row // num_classes
+    order = np.lexsort((rng.random(rows.size), client_of_row))
+    return rows[order]
+
+
+def label_shift(
+    *,
+    num_train_clients: int = 2500,
+    num_validation_clients: int = 500,
+    num_test_clients: int = 500,
+    examples_per_client: int = 100,
+    train_concentration: float = 0.5,
+    test_concentration: float = 0.01,
+    pool_size: int = 500_000,
+    data_seed: int = 2345,
+    partition_seed: int = 0,
+) -> FederatedDataset:
+    """The label-shift dataset of Delta-FL (paper 004, Appendix D.2).
+
+    A pool of `pool_size` examples comes from scikit-learn's
+    `make_classification` called exactly as in the paper (20 features of
+    which 15 informative, 2 redundant, 3 noise; 10 classes, one Gaussian
+    cluster each at the corners of a random polytope; class_sep 5;
+    `random_state=data_seed`, 2345 in the paper; paper size 5e5). The
+    class-conditional law x | y is therefore shared by all clients; only the
+    label mix differs (label shift).
+
+    Clients: `num_train_clients` training clients with label mix
+    q_i ~ Dirichlet(train_concentration), validation and test clients with
+    q_i ~ Dirichlet(test_concentration) (paper: 2500 / 500 / 500 clients,
+    Dir(0.5) and Dir(0.01)). The paper does not say how examples are drawn
+    from the pool; following `shared/notes/data-sources.md` section 3.3, each
+    client draws class counts ~ Multinomial(examples_per_client, q_i) and
+    takes its examples of each class without replacement from per-class
+    pools, disjoint across all clients of all three populations. With the
+    paper's settings training clients hold about 8.0 distinct classes on
+    average and validation/test clients about 1.4.
+
+    Randomness: the pool depends only on (pool_size, data_seed) and the
+    partition only on partition_seed, through independent streams for the
+    pool shuffle and for each population (`SeedSequence(partition_seed)
+    .spawn(4)`); the training clients are drawn first, so they do not change
+    when the numbers of validation or test clients do. The pool is cached
+    in-process.
+
+    Args:
+      num_train_clients: training clients (>= 1).
+      num_validation_clients: validation clients (>= 0; 0 gives no
+        validation population).
+      num_test_clients: test clients (>= 1).
+      examples_per_client: examples of every client (>= 1).
+      train_concentration: Dirichlet concentration of the training clients'
+        label mixes (> 0).
+      test_concentration: Dirichlet concentration of the validation and test
+        clients' label mixes (> 0).
+      pool_size: examples generated by make_classification (paper: 5e5;
+        smaller pools make tests fast).
+      data_seed: `random_state` of make_classification (paper: 2345).
+      partition_seed: seed of the client partition.
+
+    Returns:
+      A `FederatedDataset` named `label-shift` with `input_shape == (20,)`,
+      10 classes and a validation population (or None).
+
+    Raises:
+      ValueError: an argument outside its range, or a class pool that runs
+        out of examples (the message says which and by how much).
+    """
+    num_train_clients = _check_int("num_train_clients", num_train_clients, minimum=1)
+    num_validation_clients = _check_int(
+        "num_validation_clients", num_validation_clients, minimum=0
+    )
+    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
+    examples_per_client = _check_int(
+        "examples_per_client", examples_per_client, minimum=1
+    )
+    train_concentration = _check_float(
+        "train_concentration", train_concentration, minimum=0.0, min_inclusive=False
+    )
+    test_concentration = _check_float(
+        "test_concentration", test_concentration, minimum=0.0, min_inclusive=False
+    )
+    # make_classification needs at least one example per class.
+    pool_size = _check_int(
+        "pool_size", pool_size, minimum=_LABEL_SHIFT_NUM_CLASSES, maximum=_MAX_EXAMPLES
+    )
+    data_seed = _check_seed("data_seed", data_seed)
+    partition_seed = _check_seed("partition_seed", partition_seed)
+    total_clients = num_train_clients + num_validation_clients + num_test_clients
+    if total_clients * examples_per_client > pool_size:
+        raise ValueError(
+            f"pool_size={pool_size} is too small for {total_clients} clients x "
+            f"{examples_per_client} examples; raise "
+            "pool_size or lower the number of clients or examples_per_client"
+        )
+
+    pool_x, pool_y = _make_classification_pool(pool_size, data_seed)
+    pool_rng, train_rng, validation_rng, test_rng = (
+        np.random.default_rng(s)
+        for s in np.random.SeedSequence(partition_seed).spawn(4)
+    )
+    # Shuffled per-class pools, concatenated in class order.
+    shuffled = pool_rng.permutation(pool_size)
+    class_rows = shuffled[np.argsort(pool_y[shuffled], kind="stable")]
+    class_sizes = np.bincount(pool_y, minlength=_LABEL_SHIFT_NUM_CLASSES)
+    class_starts = np.concatenate([[0], np.cumsum(class_sizes)])
+    class_cursor = np.zeros(_LABEL_SHIFT_NUM_CLASSES, np.int64)
+
+    def population(rng, num_clients, concentration, role):
+        rows = _draw_label_mixture_clients(
+            rng,
+            num_clients=num_clients,
+            examples_per_client=examples_per_client,
+            concentration=concentration,
+            pool_labels=pool_y,
+            class_rows=class_rows,
+            class_starts=class_starts,
+            class_cursor=class_cursor,
+            population=role,
+        )
+        return pack_arrays(
+            {"x": pool_x[rows], "y": pool_y[rows]},
+            np.full(num_clients, examples_per_client),
+        )
+
+    train = population(train_rng, num_train_clients, train_concentration, "training")
+    validation = None
+    if num_validation_clients:
+        validation = population(
+            validation_rng, num_validation_clients, test_concentration, "validation"
+        )
+    test = population(test_rng, num_test_clients, test_concentration, "test")
+    return FederatedDataset(
+        name="label-shift",
+        train=train,
+        test=test,
+        validation=validation,
+        num_classes=_LABEL_SHIFT_NUM_CLASSES,
+        input_shape=(_LABEL_SHIFT_NUM_FEATURES,),
+        description=(
+            f"Delta-FL label shift (004 App. D.2): make_classification pool of "
+            f"{pool_size} (random_state {data_seed}); {num_train_clients} "
+            f"training clients Dir({train_concentration:g}), "
+            f"{num_validation_clients} validation and {num_test_clients} test "
+            f"clients Dir({test_concentration:g}); {examples_per_client} "
+            f"examples each; partition seed {partition_seed}"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# The peers' benchmark workload.
+# ---------------------------------------------------------------------------
+
+
+def _peer_clients(rng, true_weights, num_clients, min_examples, max_examples):
+    """Clients drawn exactly as `shared/peers/fedjax_fedavg.py` draws them."""
+    num_features = true_weights.shape[0]
+    clients = []
+    for _ in range(num_clients):
+        # Same calls, same order, same dtypes as the peers' loop: for each
+        # client its size, then its inputs, then labels from the float32
+        # matmul. Changing any of these changes the bits.
+        n = int(rng.integers(min_examples, max_examples + 1))
+        x = rng.random((n, num_features), dtype=np.float32)
+        clients.append({"x": x, "y": (x @ true_weights).argmax(1).astype(np.int32)})
+    return clients
+
+
+def peer_benchmark(
+    *,
+    num_features: int = 784,
+    num_classes: int = 62,
+    num_clients: int = 100,
+    min_examples: int = 20,
+    max_examples: int = 400,
+    num_test_clients: int = 20,
+    seed: int = 0,
+) -> FederatedDataset:
+    """The peer simulators' FedAvg workload (`shared/peers/README.md`).
+
+    `x ~ U[0, 1)^D` (float32), `y = argmax(x @ W_true)` with
+    `W_true ~ N(0, 1)^(D x C)` (cast to float32), client sizes
+    `n_i ~ integers(min_examples, max_examples + 1)` (peers: 20..400, about
+    21k examples over 100 clients). The draws follow
+    `shared/peers/fedjax_fedavg.py` call for call (`rng = default_rng(seed)`;
+    `W_true` first; then for each client its size, then its inputs), so with
+    the defaults (and DIM/NCLS changed through num_features/num_classes) the
+    training clients are bit-identical to the peers' clients, in the same
+    order. Peers' variants: 784 -> 62 (default) and 60 -> 10.
+
+    The peers evaluate on training clients; for a test population this
+    function continues the same generator after the training clients and
+    draws `num_test_clients` fresh clients the same way (same W_true, same
+    size law). These are new clients, not the training clients' held-out
+    data, and drawing them leaves the training clients unchanged.
+
+    Args:
+      num_features: input dimension D (peers: 784, or 60).
+      num_classes: number of classes C (peers: 62, or 10).
+      num_clients: training clients (peers: 100).
+      min_examples: smallest client size (peers: 20).
+      max_examples: largest client size, inclusive (peers: 400).
+      num_test_clients: test clients drawn after the training clients.
+      seed: seed of `numpy.random.default_rng` (peers: 0).
+
+    Returns:
+      A `FederatedDataset` named `peer-benchmark` with
+      `input_shape == (num_features,)`.
+
+    Raises:
+      ValueError: an argument outside its range (the message names it).
+    """
+    num_features = _check_int("num_features", num_features, minimum=1)
+    num_classes = _check_int("num_classes", num_classes, minimum=2)
+    num_clients = _check_int("num_clients", num_clients, minimum=1)
+    min_examples = _check_int("min_examples", min_examples, minimum=1)
+    max_examples = _check_int("max_examples", max_examples, minimum=min_examples)
+    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
+    seed = _check_seed("seed", seed)
+    _check_total_examples(
+        (num_clients + num_test_clients) * max_examples, "peer-benchmark"
+    )
+
+    rng = np.random.default_rng(seed)
+    true_weights = rng.normal(size=(num_features, num_classes)).astype(np.float32)
+    train = _peer_clients(rng, true_weights, num_clients, min_examples, max_examples)
+    test = _peer_clients(
+        rng, true_weights, num_test_clients, min_examples, max_examples
+    )
+    return FederatedDataset(
+        name="peer-benchmark",
+        train=pack_clients(train),
+        test=pack_clients(test),
+        num_classes=num_classes,
+        input_shape=(num_features,),
+        description=(
+            f"peers' FedAvg workload: {num_features} -> {num_classes}, "
+            f"{num_clients} clients of {min_examples}-{max_examples} examples "
+            f"(bit-identical to shared/peers/fedjax_fedavg.py), seed {seed}; "
+            f"{num_test_clients} fresh test clients"
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Many small clients, for population scaling.
+# ---------------------------------------------------------------------------
+
+# Rows per chunk when computing labels: bounds the float32 logits temporary
+# to chunk * num_classes values whatever the population size.
+_LABEL_CHUNK_ROWS = 1 << 20
+
+
+def _many_clients_population(
+    rng, *, num_clients, min_examples, max_examples, true_weights, label_skew
+) -> ClientPopulation:
+    num_features, num_classes = true_weights.shape
+    counts = rng.integers(min_examples, max_examples + 1, size=num_clients)
+    total = int(counts.sum())
+    _check_total_examples(total, "many-clients")
+    x = rng.standard_normal((total, num_features), dtype=np.float32)
+    # A per-client shift of the logits gives each client its own label mix.
+    client_logit_shift = (
+        label_skew * rng.standard_normal((num_clients, num_classes), dtype=np.float32)
+    ).astype(np.float32)
+    client_of_row = np.repeat(np.arange(num_clients, dtype=np.int32), counts)
+    y = np.empty(total, np.int32)
+    for start in range(0, total, _LABEL_CHUNK_ROWS):
+        stop = min(start + _LABEL_CHUNK_ROWS, total)
+        logits = x[start:stop] @ true_weights
+        logits += client_logit_shift[client_of_row[start:stop]]
+        y[start:stop] = logits.argmax(axis=1)
+    return pack_arrays({"x": x, "y": y}, counts)
+
+
+def many_clients(
+    *,
+    num_clients: int,
+    min_examples: int = 1,
+    max_examples: int = 10,
+    num_features: int = 20,
+    num_classes: int = 10,
+    label_skew: float = 1.0,
+    num_test_clients: int | None = None,
+    seed: int = 0,
+) -> FederatedDataset:
+    """A large population of small clients, for population-scaling runs.
+
+    Client i holds `n_i ~ integers(min_examples, max_examples + 1)` examples
+    with `x ~ N(0, I_D)` (float32) and labels from a shared linear teacher
+    plus a client-specific shift of the logits:
+
+        y = argmax(x @ W_true + s_i),  W_true ~ N(0, 1/D)^(D x C),
+        s_i ~ N(0, label_skew**2)^C
+
+    so clients differ in their label mix (label_skew = 0 makes them IID).
+    Generation is vectorized NumPy (no per-client Python loop) and its memory
+    is proportional to the number of examples: one million clients of 1-10
+    examples take about a second and 0.5 GB of host memory (plus the device
+    copy). Not from a paper: a workload for the population-scaling benchmark.
+
+    The test population is `num_test_clients` new clients drawn the same way
+    (default: min(num_clients, 1000)), after the training clients.
+
+    Args:
+      num_clients: training clients N (>= 1; up to millions).
+      min_examples: smallest client size (>= 1).
+      max_examples: largest client size, inclusive (>= min_examples).
+      num_features: input dimension D.
+      num_classes: number of classes C (>= 2).
+      label_skew: standard deviation of the per-client logit shifts (>= 0).
+      num_test_clients: test clients (>= 1), or None for
+        min(num_clients, 1000).
+      seed: seed of `numpy.random.default_rng`.
+
+    Returns:
+      A `FederatedDataset` named `many-clients` with
+      `input_shape == (num_features,)`.
+
+    Raises:
+      ValueError: an argument outside its range (the message names it).
+    """
+    num_clients = _check_int("num_clients", num_clients, minimum=1)
+    min_examples = _check_int("min_examples", min_examples, minimum=1)
+    max_examples = _check_int("max_examples", max_examples, minimum=min_examples)
+    num_features = _check_int("num_features", num_features, minimum=1)
+    num_classes = _check_int("num_classes", num_classes, minimum=2)
+    label_skew = _check_float("label_skew", label_skew, minimum=0.0)
+    if num_test_clients is None:
+        num_test_clients = min(num_clients, 1000)
+    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
+    seed = _check_seed("seed", seed)
+
+    rng = np.random.default_rng(seed)
+    true_weights = (
+        rng.standard_normal((num_features, num_classes), dtype=np.float32)
+        / np.float32(math.sqrt(num_features))
+    )
+    populations = [
+        _many_clients_population(
+            rng,
+            num_clients=n,
+            min_examples=min_examples,
+            max_examples=max_examples,
+            true_weights=true_weights,
+            label_skew=label_skew,
+        )
+        for n in (num_clients, num_test_clients)
+    ]
+    train, test = populations
+    return FederatedDataset(
+        name="many-clients",
+        train=train,
+        test=test,
+        num_classes=num_classes,
+        input_shape=(num_features,),
+        description=(
+            f"many clients: {num_clients} clients of {min_examples}-"
+            f"{max_examples} examples, {num_features} -> {num_classes} linear "
+            f"teacher, label skew {label_skew:g}, seed {seed}; "
+            f"{num_test_clients} fresh test clients"
+        ),
+    )
