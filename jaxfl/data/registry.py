@@ -98,8 +98,7 @@ def _spec(name: str) -> DatasetSpec:
         return DATASETS[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown dataset {name!r}; valid datasets: "
-            f"{', '.join(dataset_names())}"
+            f"unknown dataset {name!r}; valid datasets: {', '.join(dataset_names())}"
         ) from None
 
 

@@ -233,9 +233,7 @@ def fedprox_synthetic(
             feature_mean = rng.normal(feature_mean_centres[k], 1.0, num_features)
             weights = rng.normal(model_means[k], 1.0, (num_features, num_classes))
             bias = rng.normal(model_means[k], 1.0, num_classes)
-        x = feature_mean + feature_scales * rng.standard_normal(
-            (size, num_features)
-        )
+        x = feature_mean + feature_scales * rng.standard_normal((size, num_features))
         y = np.argmax(x @ weights + bias, axis=1)
         order = rng.permutation(size)
         x, y = x[order].astype(np.float32), y[order].astype(np.int32)
@@ -701,10 +699,9 @@ def many_clients(
     seed = _check_seed("seed", seed)
 
     rng = np.random.default_rng(seed)
-    true_weights = (
-        rng.standard_normal((num_features, num_classes), dtype=np.float32)
-        / np.float32(math.sqrt(num_features))
-    )
+    true_weights = rng.standard_normal(
+        (num_features, num_classes), dtype=np.float32
+    ) / np.float32(math.sqrt(num_features))
     populations = [
         _many_clients_population(
             rng,
