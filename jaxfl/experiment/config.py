@@ -1,0 +1,213 @@
+"""The configuration of a run: every field, its default, its allowed range.
+
+One table (`RunConfig`'s field metadata) drives the command-line flags, the
+config-file keys and the validation, so the three never disagree. Errors are
+`ConfigError`s whose message is one line naming the field and what is
+allowed; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message is one line for users."""
+
+
+def _field(default, help, *, low=None, high=None, low_open=False, high_open=False,
+           choices=None, optional=False, flag=True):
+    if isinstance(default, dict):
+        default_kwargs = dict(default_factory=lambda: dict(default))
+    else:
+        default_kwargs = dict(default=default)
+    return dataclasses.field(
+        **default_kwargs,
+        metadata=dict(
+            help=help, low=low, high=high, low_open=low_open, high_open=high_open,
+            choices=choices, optional=optional, flag=flag,
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run. Field names are the config-file keys;
+    flags are the same names with dashes (`clients_per_round` ->
+    `--clients-per-round`)."""
+
+    algorithm: str = _field(
+        "fedavg",
+        "algorithm(s) to run, comma-separated to compare several",
+    )
+    dataset: str = _field("label-shift", "dataset name")
+    dataset_options: Mapping[str, Any] = _field(
+        {},
+        "dataset generator options (config file: a table; flag: KEY=VALUE, repeatable)",
+        flag=False,
+    )
+    model: str = _field("linear", "model", choices=("linear", "mlp", "convnet"))
+    hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
+    rounds: int = _field(600, "communication rounds", low=1)
+    clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
+    local_epochs: int = _field(1, "local epochs per client (E)", low=1, high=10_000)
+    batch_size: int = _field(10, "local minibatch size (B)", low=1)
+    max_local_steps: int | None = _field(
+        None, "cap on a client's local steps", low=1, optional=True
+    )
+    lr: float = _field(0.1, "local learning rate lr0", low=0.0, low_open=True)
+    lr_decay: float = _field(
+        1.0, "step decay factor c of lr0*c**floor(t/t0) (1: constant)",
+        low=0.0, high=1.0, low_open=True,
+    )
+    lr_decay_period: int = _field(
+        1_000_000_000, "rounds t0 between learning-rate decays", low=1
+    )
+    l2: float = _field(0.0, "l2 regularization lambda", low=0.0)
+    server_optimizer: str = _field(
+        "sgd", "server optimizer", choices=("sgd", "adam", "yogi")
+    )
+    server_lr: float = _field(1.0, "server learning rate", low=0.0, low_open=True)
+    server_momentum: float = _field(
+        0.0, "server momentum (sgd only)", low=0.0, high=1.0, high_open=True
+    )
+    client_weighting: str = _field(
+        "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
+    )
+    strategy: str = _field(
+        "auto",
+        "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
+    )
+    eval_every: int = _field(100, "evaluate every this many rounds", low=1)
+    seed: int = _field(0, "random seed", low=0, high=2**31 - 1)
+    out: str | None = _field(None, "output directory", optional=True)
+    overwrite: bool = _field(False, "replace an existing output directory")
+    progress: bool = _field(True, "show a progress bar")
+
+    @property
+    def algorithms(self) -> list[str]:
+        return [name.strip() for name in self.algorithm.split(",") if name.strip()]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["dataset_options"] = dict(self.dataset_options)
+        out["hidden_sizes"] = list(self.hidden_sizes)
+        return out
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def _range_text(meta) -> str:
+    low, high = meta["low"], meta["high"]
+    if low is not None and high is not None:
+        left = "(" if meta["low_open"] else "["
+        right = ")" if meta["high_open"] else "]"
+        return f"in {left}{low}, {high}{right}"
+    if low is not None:
+        return f"{'>' if meta['low_open'] else '>='} {low}"
+    if high is not None:
+        return f"{'<' if meta['high_open'] else '<='} {high}"
+    return ""
+
+
+def _expected_type(field: dataclasses.Field) -> str:
+    t = str(field.type)
+    for name in ("bool", "int", "float", "str"):
+        if t.startswith(name):
+            return name
+    return t
+
+
+def check_value(name: str, value: Any) -> Any:
+    """Validates (and lightly coerces) one field; raises ConfigError."""
+    if name not in FIELDS:
+        raise ConfigError(
+            f"unknown setting {name!r}; valid settings: {', '.join(sorted(FIELDS))}"
+        )
+    field = FIELDS[name]
+    meta = field.metadata
+    kind = _expected_type(field)
+    if value is None:
+        if meta["optional"]:
+            return None
+        raise ConfigError(f"{name} must be set")
+    if name == "dataset_options":
+        if not isinstance(value, Mapping):
+            raise ConfigError("dataset_options must be a table of option = value")
+        return dict(value)
+    if name == "hidden_sizes":
+        if isinstance(value, int) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        ) or not value:
+            raise ConfigError("hidden_sizes must be a non-empty list of integers >= 1")
+        return tuple(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
+            raise ConfigError(
+                f"{name} must be an integer {_range_text(meta)}, got {value!r}".replace("  ", " ")
+            )
+        value = int(value)
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be a number {_range_text(meta)}, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number {_range_text(meta)}, got {value!r}")
+    elif kind == "str" and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(
+            f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}"
+        )
+    low, high = meta["low"], meta["high"]
+    if low is not None and (value < low or (meta["low_open"] and value == low)):
+        raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
+    if high is not None and (value > high or (meta["high_open"] and value == high)):
+        raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
+    return value
+
+
+def make_config(values: Mapping[str, Any]) -> RunConfig:
+    """Builds a validated RunConfig from field values (unset fields default)."""
+    checked = {name: check_value(name, value) for name, value in values.items()}
+    config = RunConfig(**checked)
+    if not config.algorithms:
+        raise ConfigError("algorithm must name at least one algorithm")
+    return config
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Reads a JSON (.json) or TOML (any other suffix) config file.
+
+    Keys are field names; dashes are accepted for underscores. Raises
+    ConfigError on unreadable or malformed files, with a one-line reason.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"config file {str(path)!r}: {error.strerror}") from None
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        reason = str(error).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is malformed: {reason}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
+    return {key.replace("-", "_"): value for key, value in data.items()}

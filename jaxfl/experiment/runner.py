@@ -1,0 +1,247 @@
+"""The host-side driver: build a run from its config, loop over rounds, evaluate.
+
+The round is jitted once for the whole run with the server state donated;
+the loop only dispatches it, so nothing goes back to the host between
+evaluations. Evaluation (per-client metrics of every training and test client
+and their summaries) is one more compiled function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, server_optimizer
+from jaxfl.algorithms.registry import Engine, algorithm_names, build_algorithm
+from jaxfl.data.population import ClientPopulation, FederatedDataset
+from jaxfl.data.registry import load_dataset
+from jaxfl.evaluation.per_client import per_client_metrics
+from jaxfl.evaluation.summaries import summarize
+from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.models.networks import count_parameters, make_model
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy, default_strategy, parse_strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A validated run, ready to train: data, model and algorithms built."""
+
+    config: RunConfig
+    dataset: FederatedDataset
+    engine: Engine
+    algorithms: dict[str, FederatedAlgorithm]
+    hparams: dict[str, float]
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one algorithm's run produced.
+
+    Attributes:
+      algorithm: its name.
+      state: the final server state.
+      history: one dict per evaluation (round, summaries, round metrics).
+      summary: the final summaries (`train_loss`, `train_error`,
+        `test_loss`, `test_error`, each a dict of statistics) plus timing.
+      clients: population name -> {'num_examples', 'loss', 'error'} NumPy
+        arrays of the final model.
+    """
+
+    algorithm: str
+    state: ServerState
+    history: list[dict[str, Any]]
+    summary: dict[str, Any]
+    clients: dict[str, dict[str, np.ndarray]]
+
+
+def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
+    if text == "auto":
+        return default_strategy(
+            jax.default_backend(), num_parameters, jax.local_device_count()
+        )
+    try:
+        return parse_strategy(text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def local_hparams(config: RunConfig) -> dict[str, float]:
+    return {
+        "lr": config.lr,
+        "lr_decay": config.lr_decay,
+        "lr_decay_period": float(config.lr_decay_period),
+        "l2": config.l2,
+    }
+
+
+def setup(config: RunConfig) -> Setup:
+    """Builds everything a run needs, checking what depends on the data.
+
+    Raises:
+      ConfigError: an invalid combination (unknown algorithm or dataset
+        option, more clients per round than training clients, ...).
+    """
+    for name in config.algorithms:
+        if name not in algorithm_names():
+            raise ConfigError(
+                f"algorithm must be one of {', '.join(algorithm_names())}, got {name!r}"
+            )
+    try:
+        dataset = load_dataset(config.dataset, **config.dataset_options)
+    except ValueError as error:
+        raise ConfigError(str(error).splitlines()[0]) from None
+    num_train = dataset.train.num_clients
+    if config.clients_per_round > num_train:
+        raise ConfigError(
+            f"clients_per_round must be in [1, {num_train}] (the training clients "
+            f"of {config.dataset}), got {config.clients_per_round}"
+        )
+    try:
+        model = make_model(
+            config.model,
+            dataset.input_shape,
+            dataset.num_classes,
+            hidden_sizes=config.hidden_sizes,
+        )
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+    num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
+    engine = Engine(
+        task=Task(model),
+        local=LocalTraining(
+            batch_size=config.batch_size,
+            num_epochs=config.local_epochs,
+            max_steps=config.max_local_steps,
+        ),
+        clients_per_round=config.clients_per_round,
+        strategy=choose_strategy(config.strategy, num_parameters),
+        server_tx=server_optimizer(
+            config.server_optimizer, config.server_lr, momentum=config.server_momentum
+        ),
+        client_weighting=config.client_weighting,
+    )
+    algorithms = {name: build_algorithm(name, engine) for name in config.algorithms}
+    return Setup(config, dataset, engine, algorithms, local_hparams(config))
+
+
+def make_evaluator(
+    task: Task, dataset: FederatedDataset, client_weighting: str
+) -> Callable[[Any], tuple[dict, dict]]:
+    """A compiled `params -> (summaries, per-client metrics)` for the dataset.
+
+    Training clients' summaries are weighted by alpha_i; test and validation
+    clients count equally (004 Appendix C.3).
+    """
+    populations = {"train": dataset.train, "test": dataset.test}
+    if dataset.validation is not None:
+        populations["validation"] = dataset.validation
+
+    @jax.jit
+    def evaluate(params, populations: dict[str, ClientPopulation]):
+        summaries, clients = {}, {}
+        for name, population in populations.items():
+            metrics = per_client_metrics(task, params, population)
+            weights = (
+                population.client_weights(client_weighting) if name == "train" else None
+            )
+            summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
+            summaries[f"{name}_error"] = summarize(metrics.error, weights)
+            clients[name] = {"loss": metrics.loss, "error": metrics.error}
+        return summaries, clients
+
+    def run(params):
+        summaries, clients = jax.device_get(evaluate(params, populations))
+        summaries = {
+            group: {k: float(v) for k, v in stats.items()}
+            for group, stats in summaries.items()
+        }
+        for name, population in populations.items():
+            clients[name]["num_examples"] = np.asarray(population.counts)
+        return summaries, clients
+
+    return run
+
+
+def run_algorithm(
+    run_setup: Setup,
+    name: str,
+    *,
+    on_evaluation: Callable[[dict[str, Any]], None] | None = None,
+    progress: Any = None,
+) -> RunResult:
+    """Trains one algorithm for `config.rounds` rounds.
+
+    Args:
+      run_setup: from `setup`.
+      name: which of its algorithms.
+      on_evaluation: called with each evaluation record (e.g. to append it to
+        metrics.jsonl as it happens).
+      progress: an object with `update(n)` and `set_postfix_str(s)` (a tqdm
+        bar), or None.
+
+    Returns:
+      The `RunResult`.
+    """
+    config = run_setup.config
+    engine = run_setup.engine
+    algorithm = run_setup.algorithms[name]
+    strategy = engine.strategy
+    init_key, run_key = jax.random.split(jax.random.key(config.seed))
+    params = engine.task.model.init(init_key)
+    state = strategy.replicate(algorithm.init(params, run_setup.hparams))
+    train = strategy.replicate(run_setup.dataset.train)
+    round_fn = jax.jit(algorithm.round, donate_argnums=0)
+    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
+
+    history: list[dict[str, Any]] = []
+    summaries: dict[str, Any] = {}
+    clients: dict[str, Any] = {}
+    compile_s = evaluation_s = 0.0
+    loop_start = time.perf_counter()
+    for round_index in range(1, config.rounds + 1):
+        state, metrics = round_fn(state, train, run_key)
+        if round_index == 1:
+            jax.block_until_ready(state)
+            compile_s = time.perf_counter() - loop_start
+        if progress is not None:
+            progress.update(1)
+        if round_index % config.eval_every == 0 or round_index == config.rounds:
+            jax.block_until_ready(state)
+            evaluation_start = time.perf_counter()
+            summaries, clients = evaluate(state.params)
+            record = {
+                "algorithm": name,
+                "round": round_index,
+                "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
+                **summaries,
+            }
+            history.append(record)
+            if on_evaluation is not None:
+                on_evaluation(record)
+            if progress is not None:
+                progress.set_postfix_str(
+                    f"test error {100 * summaries['test_error']['mean']:.1f}%"
+                )
+            evaluation_s += time.perf_counter() - evaluation_start
+    # Steady state: every round after the first (which includes compilation),
+    # evaluations excluded.
+    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
+    steady_rounds = config.rounds - 1
+    summary = {
+        **summaries,
+        "algorithm": name,
+        "rounds": config.rounds,
+        "compile_s": compile_s,
+        "rounds_per_s": steady_rounds / train_s if steady_rounds else None,
+        "train_s": train_s + compile_s,
+        "evaluation_s": evaluation_s,
+        "strategy": engine.strategy.describe(),
+        "backend": jax.default_backend(),
+    }
+    return RunResult(name, state, history, summary, clients)

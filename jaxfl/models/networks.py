@@ -1,0 +1,207 @@
+"""Flax models of the papers, exposed as pure `Model(init, apply)` pairs.
+
+The round vmaps and scans over clients, so models are used functionally: a
+flax NNX module is split once into its graph and parameters, parameters are
+kept as a plain nested dict (a pytree optax and `jax.tree` handle directly),
+and `apply(params, x)` merges them back inside the traced function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxfl.types import Key, Params
+
+
+class Model(NamedTuple):
+    """A model as two pure functions.
+
+    Attributes:
+      init: `key -> params`, a nested dict of arrays.
+      apply: `(params, x [B, *input_shape]) -> logits [B, num_classes]`.
+      name: the registry name, for logs.
+      flops_per_example: forward-pass FLOPs (multiply-adds count 2) of one
+        example, for throughput figures; training costs about 3x this.
+    """
+
+    init: Callable[[Key], Params]
+    apply: Callable[[Params, jax.Array], jax.Array]
+    name: str
+    flops_per_example: int
+
+
+class LinearClassifier(nnx.Module):
+    """Softmax regression `x -> W x + b` (004 Appendix C.1, linear model).
+
+    Starts at the origin: the problem is convex, and a deterministic start
+    makes runs comparable across seeds that only change sampling.
+    """
+
+    def __init__(self, num_features: int, num_classes: int, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(
+            num_features,
+            num_classes,
+            kernel_init=nnx.initializers.zeros_init(),
+            rngs=rngs,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.dense(x.reshape(x.shape[0], -1))
+
+
+class MLP(nnx.Module):
+    """Fully connected network with ReLU hidden layers."""
+
+    def __init__(
+        self,
+        num_features: int,
+        hidden_sizes: Sequence[int],
+        num_classes: int,
+        *,
+        rngs: nnx.Rngs,
+    ):
+        sizes = [num_features, *hidden_sizes]
+        self.hidden = nnx.List(
+            [nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])]
+        )
+        self.out = nnx.Linear(sizes[-1], num_classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0], -1)
+        for layer in self.hidden:
+            x = jax.nn.relu(layer(x))
+        return self.out(x)
+
+
+class ConvNet(nnx.Module):
+    """The papers' EMNIST ConvNet (004 Appendix C.1).
+
+    Two 5x5 convolutions ('SAME' padding) with 32 and 64 channels, each
+    followed by ReLU and 2x2 max-pooling, then one dense layer to the classes;
+    the channel counts follow `shared/peers/README.md`, so the peers run the
+    same network.
+    """
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int],
+        num_classes: int,
+        channels: Sequence[int] = (32, 64),
+        *,
+        rngs: nnx.Rngs,
+    ):
+        self.image_shape = tuple(image_shape)
+        height, width, in_channels = self.image_shape
+        convs = []
+        for out_channels in channels:
+            convs.append(
+                nnx.Conv(in_channels, out_channels, (5, 5), padding="SAME", rngs=rngs)
+            )
+            in_channels = out_channels
+            height, width = height // 2, width // 2
+        self.convs = nnx.List(convs)
+        self.dense = nnx.Linear(height * width * in_channels, num_classes, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0], *self.image_shape)
+        for conv in self.convs:
+            x = jax.nn.relu(conv(x))
+            x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2), padding="VALID")
+        return self.dense(x.reshape(x.shape[0], -1))
+
+
+def _as_model(build: Callable[[nnx.Rngs], nnx.Module], name: str, flops: int) -> Model:
+    """Splits an NNX module into pure `init` and `apply` functions."""
+    graphdef, _ = nnx.split(build(nnx.Rngs(0)), nnx.Param)
+
+    def init(key: Key) -> Params:
+        module = build(nnx.Rngs(params=key))
+        return nnx.to_pure_dict(nnx.split(module, nnx.Param)[1])
+
+    def apply(params: Params, x: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, params)(x)
+
+    return Model(init=init, apply=apply, name=name, flops_per_example=flops)
+
+
+def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """Reads flat square images (e.g. 784 = 28x28) or explicit HxWxC shapes."""
+    if len(input_shape) == 3:
+        return tuple(input_shape)  # type: ignore[return-value]
+    size = math.prod(input_shape)
+    side = math.isqrt(size)
+    if side * side != size:
+        raise ValueError(
+            f"the convnet needs square images: input shape {input_shape} has "
+            f"{size} features, not a perfect square"
+        )
+    return (side, side, 1)
+
+
+def model_names() -> tuple[str, ...]:
+    return ("linear", "mlp", "convnet")
+
+
+def make_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    hidden_sizes: Sequence[int] = (64,),
+) -> Model:
+    """Builds a registered model.
+
+    Args:
+      name: 'linear', 'mlp' or 'convnet'.
+      input_shape: shape of one example's features.
+      num_classes: number of output classes.
+      hidden_sizes: hidden layer widths of the MLP.
+
+    Returns:
+      The `Model`.
+
+    Raises:
+      ValueError: unknown name, or a convnet on non-image features.
+    """
+    num_features = math.prod(input_shape)
+    if name == "linear":
+        return _as_model(
+            lambda rngs: LinearClassifier(num_features, num_classes, rngs=rngs),
+            name,
+            2 * num_features * num_classes,
+        )
+    if name == "mlp":
+        sizes = [num_features, *hidden_sizes, num_classes]
+        flops = sum(2 * a * b for a, b in zip(sizes[:-1], sizes[1:]))
+        return _as_model(
+            lambda rngs: MLP(num_features, hidden_sizes, num_classes, rngs=rngs),
+            name,
+            flops,
+        )
+    if name == "convnet":
+        image_shape = _image_shape(tuple(input_shape))
+        return _as_model(
+            lambda rngs: ConvNet(image_shape, num_classes, rngs=rngs),
+            name,
+            _convnet_flops(image_shape, num_classes),
+        )
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(model_names())}")
+
+
+def _convnet_flops(image_shape: tuple[int, int, int], num_classes: int) -> int:
+    height, width, channels = image_shape
+    flops = 0
+    for out_channels in (32, 64):
+        flops += 2 * height * width * 25 * channels * out_channels
+        height, width, channels = height // 2, width // 2, out_channels
+    return flops + 2 * height * width * channels * num_classes
+
+
+def count_parameters(params: Params) -> int:
+    return int(sum(jnp.size(p) for p in jax.tree.leaves(params)))

@@ -1,0 +1,156 @@
+"""One round's cohort: sample it, train each client, collect per-client results.
+
+The pieces every algorithm of the FedAvg family shares, so that algorithms
+differ only in how they weight and combine client results.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxfl.data.population import ClientPopulation
+from jaxfl.training.local import (
+    LocalHParams,
+    LocalTraining,
+    Task,
+    client_loss_and_error,
+    local_sgd,
+)
+from jaxfl.training.sampling import sample_without_replacement
+from jaxfl.training.strategies import ClientStrategy, map_clients
+from jaxfl.types import Key, Params
+
+
+class CohortKeys(NamedTuple):
+    """The keys of one round, all derived from the run key and the round.
+
+    `round_key = fold_in(run_key, round)`; sampling uses one half of
+    `split(round_key)` and client i uses `fold_in(other half, i)`, so a
+    client's randomness does not depend on which other clients were sampled.
+    """
+
+    sampling: Key
+    clients: Key
+    server: Key
+
+
+def round_keys(run_key: Key, round_index: jax.Array) -> CohortKeys:
+    round_key = jax.random.fold_in(run_key, round_index)
+    sampling, clients, server = jax.random.split(round_key, 3)
+    return CohortKeys(sampling, clients, server)
+
+
+class CohortResults(NamedTuple):
+    """Per-client results of a cohort (leading axis M).
+
+    Attributes:
+      client_ids: `[M]` int32.
+      deltas: the model updates w_i - w_t, each leaf `[M, ...]`.
+      num_steps: `[M]` int32 real local steps.
+      mean_batch_loss: `[M]` mean minibatch loss during local training.
+      initial_loss: `[M]` F_i(w_t) on all the client's data before training,
+        or None when not requested.
+      initial_error: `[M]` misclassification of w_t on the client, or None.
+    """
+
+    client_ids: jax.Array
+    deltas: Params
+    num_steps: jax.Array
+    mean_batch_loss: jax.Array
+    initial_loss: jax.Array | None
+    initial_error: jax.Array | None
+
+
+def train_cohort(
+    task: Task,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    params: Params,
+    population: ClientPopulation,
+    client_ids: jax.Array,
+    clients_key: Key,
+    hparams: LocalHParams,
+    *,
+    with_initial_loss: bool = False,
+    num_epochs: jax.Array | None = None,
+    active: jax.Array | None = None,
+) -> CohortResults:
+    """Runs local training on every client of the cohort.
+
+    Args:
+      task, local, strategy: model/loss, static local-training shape, layout.
+      params: the server model w_t.
+      population: the training clients.
+      client_ids: `[M]` the cohort.
+      clients_key: base of the per-client keys.
+      hparams: local step hyperparameters.
+      with_initial_loss: also compute F_i(w_t) on each client's full data
+        before training (Delta-FL, q-FFL, tilted ERM, AFL need it).
+      num_epochs: optional `[M]` per-client epochs (stragglers).
+      active: optional `[M]` bool; inactive clients run no steps.
+
+    Returns:
+      The per-client results.
+    """
+    num_clients = client_ids.shape[0]
+    per_client = {
+        "id": client_ids,
+        "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
+        "active": jnp.ones(num_clients, bool) if active is None else active,
+    }
+    if num_epochs is not None:
+        per_client["num_epochs"] = num_epochs
+
+    def client_fn(shared, client):
+        params, population, hparams = shared
+        out = {}
+        if with_initial_loss:
+            out["initial_loss"], out["initial_error"] = client_loss_and_error(
+                task, params, population, client["id"]
+            )
+        result = local_sgd(
+            task,
+            params,
+            population,
+            client["id"],
+            client["key"],
+            hparams,
+            local,
+            num_epochs=client.get("num_epochs"),
+            active=client["active"],
+        )
+        out["delta"] = jax.tree.map(jnp.subtract, result.params, params)
+        out["num_steps"] = result.num_steps
+        out["mean_batch_loss"] = result.mean_batch_loss
+        return out
+
+    out = map_clients(client_fn, (params, population, hparams), per_client, strategy)
+    return CohortResults(
+        client_ids=client_ids,
+        deltas=out["delta"],
+        num_steps=out["num_steps"],
+        mean_batch_loss=out["mean_batch_loss"],
+        initial_loss=out.get("initial_loss"),
+        initial_error=out.get("initial_error"),
+    )
+
+
+def sample_cohort(key: Key, population: ClientPopulation, clients_per_round: int):
+    """`[M]` ids of the round's clients, uniformly without replacement."""
+    return sample_without_replacement(key, population.num_clients, clients_per_round)
+
+
+def weighted_mean(tree: Params, weights: jax.Array) -> Params:
+    """sum_i weights_i tree_i / sum_i weights_i over the leading axis.
+
+    Zero total weight (every client filtered out) gives zeros, i.e. no
+    update, rather than NaN.
+    """
+    total = jnp.sum(weights)
+    scale = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+    return jax.tree.map(
+        lambda x: jnp.tensordot(weights * scale, x, axes=(0, 0)).astype(x.dtype), tree
+    )

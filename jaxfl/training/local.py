@@ -1,0 +1,238 @@
+"""Local training of one client, as a `lax.scan` over its minibatch steps.
+
+A client holds n_i examples (a slice of the packed population). It runs E
+epochs of minibatch SGD of batch size B, each epoch over a fresh random
+permutation of its examples, the last batch of an epoch keeping the
+remainder: ceil(n_i / B) * E real steps, optionally capped by
+`max_steps`. The scan has a static length S (the largest client's number of
+steps); the steps past a client's own count are padding and leave its
+parameters untouched (a `lax.cond`, which also skips their cost when clients
+run one at a time; under `vmap` it becomes a select).
+
+The SGD step is the papers' (004 Algorithm 1 line 8; FedProx in the thesis,
+`shared/notes/thesis-spec.md` section 3.1):
+
+    w <- (1 - lr * l2) w - lr * (grad F_i(w; batch) + mu (w - w_server)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxfl.data.population import ClientPopulation
+from jaxfl.models.losses import misclassification, multinomial_logistic_loss
+from jaxfl.models.networks import Model
+from jaxfl.types import Key, Params
+
+
+class Task(NamedTuple):
+    """A model with its per-example loss and error on a batch dict.
+
+    Batches are dicts with features 'x' (`[B, *input_shape]`) and 'y'
+    (`[B]` integer labels).
+    """
+
+    model: Model
+
+    def example_losses(self, params: Params, batch) -> jax.Array:
+        return multinomial_logistic_loss(self.model.apply(params, batch["x"]), batch["y"])
+
+    def example_losses_and_errors(self, params: Params, batch):
+        logits = self.model.apply(params, batch["x"])
+        return (
+            multinomial_logistic_loss(logits, batch["y"]),
+            misclassification(logits, batch["y"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """Static shape of local training (these values fix compiled shapes).
+
+    Attributes:
+      batch_size: B, examples per minibatch.
+      num_epochs: E, passes over the client's data.
+      max_steps: optional cap on a client's number of steps.
+    """
+
+    batch_size: int
+    num_epochs: int = 1
+    max_steps: int | None = None
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1, got {self.num_epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+
+    def num_steps(self, count: jax.Array, num_epochs: jax.Array | int | None = None):
+        """Real steps of a client with `count` examples (traced)."""
+        epochs = self.num_epochs if num_epochs is None else num_epochs
+        steps = (count + self.batch_size - 1) // self.batch_size * epochs
+        if self.max_steps is not None:
+            steps = jnp.minimum(steps, self.max_steps)
+        return steps
+
+    def scan_length(self, max_count: int) -> int:
+        """S: the static number of scanned steps for a population."""
+        steps = -(-max_count // self.batch_size) * self.num_epochs
+        return steps if self.max_steps is None else min(steps, self.max_steps)
+
+
+class LocalHParams(NamedTuple):
+    """Numeric hyperparameters of a local step (scalars; may be traced).
+
+    `None` switches a term off at trace time (no cost), whereas a value,
+    even 0.0, keeps it in the compiled step so that sweeps can vary it.
+    """
+
+    lr: jax.Array
+    l2: jax.Array | None = None
+    prox_mu: jax.Array | None = None
+
+
+class LocalResult(NamedTuple):
+    params: Params  # The client's model after local training.
+    num_steps: jax.Array  # int32 [], real steps taken.
+    mean_batch_loss: jax.Array  # [], mean minibatch loss over real steps.
+
+
+def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
+    """`[E, max_count]`: row e starts with a random permutation of [0, count).
+
+    The order in which a client visits its examples in each epoch.
+
+    Each epoch's order comes from `fold_in(key, epoch)`. Positions past
+    `count` sort last, so the first `count` entries are the permutation.
+    """
+
+    def one(epoch):
+        u = jax.random.uniform(jax.random.fold_in(key, epoch), (max_count,))
+        u = jnp.where(jnp.arange(max_count) < count, u, 2.0)
+        return jnp.argsort(u).astype(jnp.int32)
+
+    return jax.vmap(one)(jnp.arange(num_epochs))
+
+
+def local_sgd(
+    task: Task,
+    params: Params,
+    population: ClientPopulation,
+    client_id: jax.Array,
+    key: Key,
+    hparams: LocalHParams,
+    config: LocalTraining,
+    *,
+    num_epochs: jax.Array | None = None,
+    active: jax.Array | bool = True,
+) -> LocalResult:
+    """Trains one client from `params` with minibatch SGD.
+
+    Args:
+      task: model and loss.
+      params: the server model w_t (also the proximal anchor).
+      population: packed clients.
+      client_id: int32 scalar, which client.
+      key: this client's key (`fold_in(round_key, client_id)` in rounds).
+      hparams: learning rate, l2 regularization lambda, proximal mu.
+      config: static batch size, epochs, step cap.
+      num_epochs: optional traced number of epochs <= config.num_epochs
+        (stragglers run fewer).
+      active: False runs zero steps (padding clients).
+
+    Returns:
+      The trained parameters, the number of real steps and the mean loss of
+      the minibatches seen.
+    """
+    batch_size = config.batch_size
+    max_count = population.max_count
+    offset = population.offsets[client_id]
+    count = population.counts[client_id]
+    steps_per_epoch = (count + batch_size - 1) // batch_size
+    num_steps = jnp.where(active, config.num_steps(count, num_epochs), 0)
+    perms = epoch_orders(key, count, max_count, config.num_epochs)
+    in_batch = jnp.arange(batch_size)
+    anchor = params
+
+    def train_step(step, params):
+        epoch = step // steps_per_epoch
+        position = (step - epoch * steps_per_epoch) * batch_size + in_batch
+        valid = position < count
+        order = perms[jnp.minimum(epoch, config.num_epochs - 1)]
+        rows = offset + order[jnp.minimum(position, max_count - 1)]
+        batch = {name: feature[rows] for name, feature in population.features.items()}
+
+        def batch_loss(p):
+            losses = task.example_losses(p, batch)
+            return jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.sum(valid)
+
+        loss, grads = jax.value_and_grad(batch_loss)(params)
+        if hparams.prox_mu is not None:
+            grads = jax.tree.map(
+                lambda g, w, w0: g + hparams.prox_mu * (w - w0), grads, params, anchor
+            )
+        if hparams.l2 is not None:
+            params = jax.tree.map(lambda w: (1.0 - hparams.lr * hparams.l2) * w, params)
+        params = jax.tree.map(lambda w, g: w - hparams.lr * g, params, grads)
+        return params, loss
+
+    def skip_step(step, params):
+        del step  # Unused.
+        return params, jnp.zeros((), jnp.float32)
+
+    def body(carry, step):
+        params, loss_sum = carry
+        params, loss = jax.lax.cond(step < num_steps, train_step, skip_step, step, params)
+        return (params, loss_sum + loss), None
+
+    length = config.scan_length(max_count)
+    (params, loss_sum), _ = jax.lax.scan(
+        body, (params, jnp.zeros((), jnp.float32)), jnp.arange(length)
+    )
+    mean_loss = loss_sum / jnp.maximum(num_steps, 1)
+    return LocalResult(params, num_steps.astype(jnp.int32), mean_loss)
+
+
+def client_loss_and_error(
+    task: Task,
+    params: Params,
+    population: ClientPopulation,
+    client_id: jax.Array,
+    *,
+    chunk_size: int = 128,
+) -> tuple[jax.Array, jax.Array]:
+    """Mean loss F_i(w) and misclassification error of one client on all its data.
+
+    Runs over the client's examples in chunks, with a trip count set by the
+    client's own size (a while loop), so small clients cost little when
+    clients run one at a time.
+
+    Returns:
+      (mean loss, mean error) as float32 scalars.
+    """
+    chunk = min(chunk_size, population.max_count)
+    offset = population.offsets[client_id]
+    count = population.counts[client_id]
+    in_chunk = jnp.arange(chunk)
+
+    def body(i, sums):
+        position = i * chunk + in_chunk
+        valid = position < count
+        rows = offset + jnp.minimum(position, count - 1)
+        batch = {name: feature[rows] for name, feature in population.features.items()}
+        losses, errors = task.example_losses_and_errors(params, batch)
+        return (
+            sums[0] + jnp.sum(jnp.where(valid, losses, 0.0)),
+            sums[1] + jnp.sum(jnp.where(valid, errors, 0.0)),
+        )
+
+    num_chunks = (count + chunk - 1) // chunk
+    zero = jnp.zeros((), jnp.float32)
+    loss_sum, error_sum = jax.lax.fori_loop(0, num_chunks, body, (zero, zero))
+    return loss_sum / count, error_sum / count

@@ -1,0 +1,209 @@
+"""How the clients of a cohort are batched: a strategy, not a rewrite.
+
+Every strategy computes the same thing, `[fn(shared, c) for c in clients]`
+stacked along a leading client axis; they differ in how the work is laid out
+on the hardware:
+
+* `vmap`: all M clients at once (best on accelerators, and on CPU for small
+  models);
+* `chunked(k)`: `vmap` over groups of k clients, the groups one after another
+  (bounds memory; a middle ground);
+* `sequential`: one client at a time (`lax.map`); on CPU a client's model
+  stays in cache, and a client's padding steps are skipped, not computed;
+* `sharded(inner)`: clients split over a device mesh along the axis
+  'clients' with `jax.shard_map`, each device running its share with the
+  `inner` strategy; the cohort is padded with inactive clients to a multiple
+  of the device count, and the padding is dropped from the outputs.
+
+`shared` holds what every client reads (server model, population, numeric
+hyperparameters); `per_client` holds one entry per client (ids, keys, flags).
+By convention `per_client["active"]` exists and is False on padding clients,
+so that `fn` can skip their work.
+
+How to choose: see `default_strategy` and docs/strategies.md; the defaults
+come from measurements in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxfl.types import PyTree
+
+CLIENT_AXIS = "clients"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientStrategy:
+    """A way to lay out a cohort's clients on the hardware.
+
+    Attributes:
+      kind: 'vmap', 'chunked', 'sequential' or 'sharded'.
+      chunk_size: clients per vmapped group ('chunked', or 'sharded' with
+        inner 'chunked').
+      inner: how each device runs its clients under 'sharded'.
+      num_devices: devices of the mesh under 'sharded' (None: all local
+        devices).
+    """
+
+    kind: str = "vmap"
+    chunk_size: int | None = None
+    inner: str = "sequential"
+    num_devices: int | None = None
+
+    def __post_init__(self):
+        kinds = ("vmap", "chunked", "sequential", "sharded")
+        if self.kind not in kinds:
+            raise ValueError(f"strategy must be one of {kinds}, got {self.kind!r}")
+        if self.kind == "sharded" and self.inner not in kinds[:3]:
+            raise ValueError(
+                f"inner strategy of 'sharded' must be one of {kinds[:3]}, got {self.inner!r}"
+            )
+        uses_chunks = self.kind == "chunked" or (
+            self.kind == "sharded" and self.inner == "chunked"
+        )
+        if uses_chunks and (self.chunk_size is None or self.chunk_size < 1):
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.num_devices is not None and self.num_devices < 1:
+            raise ValueError(f"num_devices must be >= 1, got {self.num_devices}")
+
+    @property
+    def mesh(self) -> Mesh | None:
+        if self.kind != "sharded":
+            return None
+        devices = jax.devices()
+        count = self.num_devices or len(devices)
+        if count > len(devices):
+            raise ValueError(
+                f"the sharded strategy asks for {count} devices, {len(devices)} exist"
+            )
+        return Mesh(np.array(devices[:count]), (CLIENT_AXIS,))
+
+    def describe(self) -> str:
+        if self.kind == "chunked":
+            return f"chunked({self.chunk_size})"
+        if self.kind == "sharded":
+            inner = "chunked(%d)" % self.chunk_size if self.inner == "chunked" else self.inner
+            return f"sharded({self.mesh.size}x{inner})"
+        return self.kind
+
+    def replicate(self, tree: PyTree) -> PyTree:
+        """Places `tree` on every device of the mesh (no-op off 'sharded').
+
+        Do this once for the population and the state before the loop, or
+        the compiled round copies them to every device at every call.
+        """
+        mesh = self.mesh
+        if mesh is None:
+            return tree
+        return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def parse_strategy(text: str) -> ClientStrategy:
+    """Reads 'vmap', 'sequential', 'chunked:K', 'sharded', 'sharded:INNER[:K]'."""
+    parts = text.split(":")
+    try:
+        if parts[0] == "chunked" and len(parts) == 2:
+            return ClientStrategy("chunked", chunk_size=int(parts[1]))
+        if parts[0] == "sharded" and len(parts) <= 3:
+            inner = parts[1] if len(parts) > 1 else "sequential"
+            chunk = int(parts[2]) if len(parts) > 2 else None
+            return ClientStrategy("sharded", inner=inner, chunk_size=chunk)
+        if parts[0] in ("vmap", "sequential") and len(parts) == 1:
+            return ClientStrategy(parts[0])
+    except ValueError as error:
+        raise ValueError(f"strategy {text!r}: {error}") from None
+    raise ValueError(
+        f"strategy {text!r} is not one of vmap, sequential, chunked:K, "
+        "sharded[:vmap|sequential|chunked:K]"
+    )
+
+
+def _map_on_one_device(
+    kind: str, chunk_size: int | None, fn: Callable, shared: PyTree, per_client: PyTree
+) -> PyTree:
+    one = lambda client: fn(shared, client)  # noqa: E731
+    if kind == "vmap":
+        return jax.vmap(one)(per_client)
+    if kind == "sequential":
+        return jax.lax.map(one, per_client)
+    return jax.lax.map(one, per_client, batch_size=chunk_size)
+
+
+def map_clients(
+    fn: Callable[[PyTree, PyTree], PyTree],
+    shared: PyTree,
+    per_client: PyTree,
+    strategy: ClientStrategy,
+) -> PyTree:
+    """Applies `fn(shared, client)` to every client, stacking the outputs.
+
+    Args:
+      fn: the per-client computation.
+      shared: inputs common to all clients.
+      per_client: inputs with a leading client axis M; must contain a
+        boolean `active` entry ([M]) when passed as a dict.
+      strategy: the layout.
+
+    Returns:
+      The outputs with a leading axis M, in client order.
+    """
+    if strategy.kind != "sharded":
+        return _map_on_one_device(
+            strategy.kind, strategy.chunk_size, fn, shared, per_client
+        )
+    mesh = strategy.mesh
+    num_clients = jax.tree.leaves(per_client)[0].shape[0]
+    padding = (-num_clients) % mesh.size
+    if padding:
+        per_client = jax.tree.map(
+            lambda x: jnp.concatenate([x, jnp.repeat(x[:1], padding, axis=0)]),
+            per_client,
+        )
+        per_client["active"] = per_client["active"].at[num_clients:].set(False)
+
+    def on_device(shared, clients):
+        return _map_on_one_device(
+            strategy.inner, strategy.chunk_size, fn, shared, clients
+        )
+
+    spec = PartitionSpec(CLIENT_AXIS)
+    outputs = jax.shard_map(
+        on_device,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), spec),
+        out_specs=spec,
+        # With the check on, autodiff w.r.t. a replicated input inside
+        # shard_map is implicitly summed over devices (per-client updates
+        # came out num_devices times too large; see
+        # shared/notes/jax-on-this-machine.md). Each device's clients are
+        # independent here, so there is nothing to check.
+        check_vma=False,
+    )(shared, per_client)
+    return jax.tree.map(lambda x: x[:num_clients], outputs)
+
+
+def default_strategy(
+    backend: str, num_parameters: int, num_local_devices: int = 1
+) -> ClientStrategy:
+    """The strategy to use when none is given, chosen from measurements.
+
+    See benchmarks/RESULTS.md for the numbers behind these rules.
+    """
+    if backend in ("gpu", "tpu"):
+        return ClientStrategy("vmap")
+    if num_local_devices > 1:
+        return ClientStrategy("sharded", inner="sequential")
+    if num_parameters <= 4096:
+        return ClientStrategy("vmap")
+    return ClientStrategy("sequential")
+
+
+def strategy_names() -> Sequence[str]:
+    return ("vmap", "sequential", "chunked:K", "sharded[:inner]")
