@@ -70,8 +70,10 @@ class ClientPopulation:
     def client(self, i: int) -> dict[str, np.ndarray]:
         """Client i's examples as NumPy arrays (host side; for tests and I/O)."""
         start, count = int(self.offsets[i]), int(self.counts[i])
+        # Slice on the host: slicing device arrays with Python ints would
+        # compile one slice per distinct client size.
         return {
-            k: np.asarray(v[start : start + count])
+            k: np.asarray(v)[start : start + count]
             for k, v in self.features.items()
         }
 
