@@ -42,16 +42,16 @@ def _flag_value(name: str):
     kind = str(FIELDS[name].type)
 
     def convert(text: str):
-        if kind.startswith("int"):
-            try:
+        try:
+            if kind.startswith("int"):
                 return int(text)
-            except ValueError:
-                check_value(name, text)  # Raises with the allowed range.
-        if kind.startswith("float"):
-            try:
+            if kind.startswith("float"):
                 return float(text)
-            except ValueError:
+        except ValueError:
+            try:
                 check_value(name, text)
+            except ConfigError as error:  # Names the allowed range.
+                raise argparse.ArgumentTypeError(str(error)) from None
         return text
 
     convert.__name__ = name

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxfl.types import Key, Params
@@ -204,4 +203,5 @@ def _convnet_flops(image_shape: tuple[int, int, int], num_classes: int) -> int:
 
 
 def count_parameters(params: Params) -> int:
-    return int(sum(jnp.size(p) for p in jax.tree.leaves(params)))
+    """Number of scalars in a parameter pytree (arrays or shape structs)."""
+    return int(sum(math.prod(p.shape) for p in jax.tree.leaves(params)))

@@ -1,0 +1,184 @@
+"""The `jaxfl` command: the main job's files, determinism, and every bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxfl.cli import main
+from jaxfl.evaluation import SUMMARY_KEYS
+from jaxfl.experiment.config import ConfigError
+from jaxfl.experiment.outputs import OutputDirectory
+
+TINY = [
+    "--dataset-option", "num_train_clients=40",
+    "--dataset-option", "num_validation_clients=0",
+    "--dataset-option", "num_test_clients=20",
+    "--dataset-option", "pool_size=20000",
+    "--rounds", "4", "--clients-per-round", "5", "--eval-every", "2",
+    "--no-progress",
+]
+
+
+def _run(args, capsys):
+    status = main(["run", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "first"
+    assert main(["run", *TINY, "--out", str(out), "--seed", "3"]) == 0
+    return out
+
+
+def test_run_writes_the_four_files(finished_run):
+    assert sorted(p.name for p in finished_run.iterdir()) == [
+        "clients.csv", "config.json", "metrics.jsonl", "summary.json",
+    ]
+    summary = json.loads((finished_run / "summary.json").read_text())
+    for group in ("train_loss", "test_error"):
+        assert set(SUMMARY_KEYS) <= set(summary[group])
+    assert 0.0 <= summary["test_error"]["mean"] <= 1.0
+    lines = (finished_run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [2, 4]
+    rows = (finished_run / "clients.csv").read_text().splitlines()
+    assert rows[0] == "population,client,num_examples,loss,error"
+    assert len(rows) == 1 + 40 + 20
+    config = json.loads((finished_run / "config.json").read_text())
+    assert config["rounds"] == 4 and config["seed"] == 3
+
+
+def test_config_json_reruns_identically(finished_run, tmp_path, capsys):
+    # The written config is a valid --config file, and the same seed gives
+    # identical metrics.
+    again = tmp_path / "again"
+    status, out, _ = _run(["--config", str(finished_run / "config.json"), "--out", str(again)], capsys)
+    assert status == 0
+    assert "test misclassification error" in out
+    assert (again / "metrics.jsonl").read_text() == (finished_run / "metrics.jsonl").read_text()
+    assert (again / "clients.csv").read_text() == (finished_run / "clients.csv").read_text()
+
+
+def test_flags_override_config_file(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text('rounds = 1000\nlr = 0.5\n[dataset_options]\nnum_train_clients = 40\n'
+                      'num_validation_clients = 0\nnum_test_clients = 20\npool_size = 20000\n')
+    out = tmp_path / "o"
+    status, _, _ = _run(["--config", str(config), "--rounds", "2", "--clients-per-round", "3",
+                         "--no-progress", "--out", str(out)], capsys)
+    assert status == 0
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["rounds"] == 2 and resolved["lr"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--clients-per-round", "41"], ["clients_per_round", "[1, 40]", "41"]),
+        (["--clients-per-round", "0"], ["clients_per_round", ">= 1"]),
+        (["--batch-size", "0"], ["batch_size", ">= 1"]),
+        (["--batch-size", "-3"], ["batch_size", ">= 1"]),
+        (["--lr", "0"], ["lr", "> 0"]),
+        (["--lr", "-0.1"], ["lr", "> 0"]),
+        (["--lr", "fast"], ["lr", "number"]),
+        (["--rounds", "0"], ["rounds", ">= 1"]),
+        (["--rounds", "2.5"], ["rounds", "integer"]),
+        (["--local-epochs", "0"], ["local_epochs"]),
+        (["--dataset", "mnist"], ["dataset", "mnist", "label-shift"]),
+        (["--model", "resnet"], ["model", "linear"]),
+        (["--algorithm", "fedfoo"], ["algorithm", "fedfoo", "fedavg"]),
+        (["--strategy", "pmap"], ["strategy", "pmap"]),
+        (["--dataset-option", "num_train_clients=0"], ["num_train_clients"]),
+        (["--dataset-option", "colour=red"], ["colour"]),
+        (["--server-optimizer", "lbfgs"], ["server_optimizer", "sgd"]),
+        (["--lr-decay", "1.5"], ["lr_decay", "(0.0, 1.0]"]),
+        (["--bogus-flag", "1"], ["bogus"]),
+    ],
+)
+def test_bad_values_exit_2_with_one_line_and_write_nothing(args, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    status, stdout, err = _run([*TINY, *args, "--out", str(out)], capsys)
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("jaxfl: error: ")
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists() and not Path(str(out) + ".partial").exists()
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("bad.json", "{rounds: 3", ["malformed"]),
+        ("bad.toml", "rounds = = 3", ["malformed"]),
+        ("list.json", "[1, 2]", ["table"]),
+        ("unknown.toml", "roundz = 3", ["roundz"]),
+        ("typed.toml", 'rounds = "many"', ["rounds", "integer"]),
+    ],
+)
+def test_malformed_config_files(name, text, words, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_text(text)
+    status, _, err = _run(["--config", str(path), "--out", str(tmp_path / "o")], capsys)
+    assert status == 2 and err.count("\n") == 1
+    for word in words:
+        assert word in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_config_file(tmp_path, capsys):
+    status, _, err = _run(["--config", str(tmp_path / "nope.toml")], capsys)
+    assert status == 2 and "nope.toml" in err
+
+
+def test_existing_output_is_never_overwritten_without_flag(finished_run, capsys):
+    before = {p.name: p.read_bytes() for p in finished_run.iterdir()}
+    status, _, err = _run([*TINY, "--out", str(finished_run)], capsys)
+    assert status == 2 and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in finished_run.iterdir()} == before
+
+
+def test_overwrite_replaces_only_after_success(finished_run, tmp_path, capsys):
+    target = tmp_path / "target"
+    shutil.copytree(finished_run, target)
+    status, _, _ = _run([*TINY, "--seed", "4", "--out", str(target), "--overwrite"], capsys)
+    assert status == 0
+    assert json.loads((target / "config.json").read_text())["seed"] == 4
+
+
+def test_failed_run_keeps_earlier_results(tmp_path):
+    target = tmp_path / "kept"
+    target.mkdir()
+    (target / "summary.json").write_text("{}")
+    output = OutputDirectory(target, overwrite=True)
+    staging = output.open()
+    (staging / "summary.json").write_text('{"half": true}')
+    output.abandon()  # What run_main does when training raises.
+    assert (target / "summary.json").read_text() == "{}"
+    assert not staging.exists()
+
+
+def test_out_must_not_exist_without_overwrite(tmp_path):
+    with pytest.raises(ConfigError, match="--overwrite"):
+        OutputDirectory(tmp_path)
+
+
+def test_console_script_exit_status():
+    # The installed `jaxfl` entry point, in a fresh process.
+    script = Path(sys.executable).with_name("jaxfl")
+    result = subprocess.run(
+        [str(script), "run", "--batch-size", "0"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "jaxfl: error: batch_size must be >= 1, got 0"
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "label-shift" in out and "fedavg" in out
