@@ -1,0 +1,48 @@
+"""Tail-risk primitives and the differentially private quantile (public API).
+
+Pure, jit/vmap-compatible functions on 1-D vectors (batch with `jax.vmap`),
+from 004 (Pillutla et al., Federated Learning with Superquantile Aggregation
+for Heterogeneous Data) and 000 (Laguel et al., A Superquantile Approach to
+Federated Learning with Heterogeneous Devices). See docs/primitives.md for the
+semantics, edge cases and paper references.
+"""
+
+from jaxfl.primitives.discrete_gaussian import discrete_gaussian
+from jaxfl.primitives.dp_quantile import dp_hierarchical_histogram
+from jaxfl.primitives.dp_quantile import dp_quantile
+from jaxfl.primitives.dp_quantile import dp_quantile_epsilon
+from jaxfl.primitives.dp_quantile import dp_quantile_modulus
+from jaxfl.primitives.dp_quantile import dp_quantile_scale
+from jaxfl.primitives.dp_quantile import dp_quantile_sigma
+from jaxfl.primitives.histogram import dyadic_cdf
+from jaxfl.primitives.histogram import hierarchical_histogram
+from jaxfl.primitives.histogram import histogram_quantile
+from jaxfl.primitives.mm_quantile import mm_quantile
+from jaxfl.primitives.tail import smoothed_superquantile
+from jaxfl.primitives.tail import smoothed_superquantile_weights
+from jaxfl.primitives.tail import superquantile
+from jaxfl.primitives.tail import superquantile_weights
+from jaxfl.primitives.tail import tail_threshold
+from jaxfl.primitives.tail import tilted_risk
+from jaxfl.primitives.tail import tilted_risk_weights
+
+__all__ = [
+    "discrete_gaussian",
+    "dp_hierarchical_histogram",
+    "dp_quantile",
+    "dp_quantile_epsilon",
+    "dp_quantile_modulus",
+    "dp_quantile_scale",
+    "dp_quantile_sigma",
+    "dyadic_cdf",
+    "hierarchical_histogram",
+    "histogram_quantile",
+    "mm_quantile",
+    "smoothed_superquantile",
+    "smoothed_superquantile_weights",
+    "superquantile",
+    "superquantile_weights",
+    "tail_threshold",
+    "tilted_risk",
+    "tilted_risk_weights",
+]

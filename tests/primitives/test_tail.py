@@ -1,0 +1,505 @@
+"""Tests of jaxfl.primitives.tail against independent float64 references.
+
+The superquantile is checked against its linear program (scipy linprog), the
+weights against a greedy NumPy loop, the threshold against its definition
+evaluated by brute force, the smoothed superquantile against SLSQP on its
+concave program, and the tilted risk against scipy's logsumexp.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+from scipy.optimize import linprog, minimize
+from scipy.special import logsumexp
+
+from jaxfl.primitives import (
+    smoothed_superquantile,
+    smoothed_superquantile_weights,
+    superquantile,
+    superquantile_weights,
+    tail_threshold,
+    tilted_risk,
+    tilted_risk_weights,
+)
+
+# Jitted once per input shape and shared by the tests (compile time dominates).
+sq = jax.jit(superquantile)
+sq_weights = jax.jit(superquantile_weights)
+threshold = jax.jit(tail_threshold)
+smoothed = jax.jit(smoothed_superquantile)
+smoothed_weights = jax.jit(smoothed_superquantile_weights)
+tilted = jax.jit(tilted_risk)
+tilted_weights = jax.jit(tilted_risk_weights)
+
+
+# ---------------------------------------------------------------------------
+# float64 references
+
+
+def lp_superquantile(losses, theta, weights):
+    """max pi.a over {pi in simplex, 0 <= pi_i <= wbar_i/theta}, by linprog."""
+    a = np.asarray(losses, np.float64)
+    wbar = np.asarray(weights, np.float64) / np.sum(weights)
+    result = linprog(
+        -a,
+        A_eq=np.ones((1, a.size)),
+        b_eq=[1.0],
+        bounds=[(0.0, u / theta) for u in wbar],
+        method="highs",
+    )
+    assert result.status == 0
+    return -result.fun
+
+
+def greedy_weights(losses, theta, weights):
+    """Fill wbar_i / theta in decreasing order of the losses; ties share."""
+    a = np.asarray(losses, np.float64)
+    wbar = np.asarray(weights, np.float64) / np.sum(weights)
+    pi = np.zeros_like(a)
+    left = 1.0
+    for value in sorted(set(a[wbar > 0].tolist()), reverse=True):
+        group = (a == value) & (wbar > 0)
+        cap = wbar[group].sum() / theta
+        take = min(cap, left)
+        pi[group] = wbar[group] / wbar[group].sum() * take
+        left -= take
+    return pi
+
+
+def brute_threshold(losses, theta, weights):
+    """min { a_i : w_i > 0, sum_{a_j > a_i} wbar_j <= theta } in float64."""
+    a = np.asarray(losses, np.float64)
+    wbar = np.asarray(weights, np.float64) / np.sum(weights)
+    support = a[wbar > 0]
+    feasible = [v for v in support if wbar[a > v].sum() <= theta + 1e-12]
+    return min(feasible)
+
+
+def slsqp_smoothed(losses, theta, nu, weights):
+    a = np.asarray(losses, np.float64)
+    wbar = np.asarray(weights, np.float64) / np.sum(weights)
+
+    def negative(pi):
+        pi = np.maximum(pi, 1e-300)
+        return -(pi @ a - nu * np.sum(pi * np.log(pi / wbar)))
+
+    result = minimize(
+        negative,
+        wbar,
+        method="SLSQP",
+        bounds=[(1e-15, u / theta) for u in wbar],
+        constraints=[{"type": "eq", "fun": lambda pi: pi.sum() - 1}],
+        options={"ftol": 1e-15, "maxiter": 2000},
+    )
+    return -result.fun, result.x
+
+
+# ---------------------------------------------------------------------------
+# The edge grid of the issue.
+
+rng = np.random.default_rng(20261125)
+EDGE_CASES = {
+    "n=1": ([1.5], None, 0.3),
+    "n=1,theta=1": ([-2.0], None, 1.0),
+    "ties": ([1.0, 3.0, 3.0, 3.0, 0.0, 2.0], None, 0.25),
+    "all_tied": ([2.0, 2.0, 2.0, 2.0], None, 0.3),
+    "theta=1": ([0.3, -1.0, 4.0, 2.5], [1.0, 2.0, 0.5, 1.5], 1.0),
+    "tiny_theta": (rng.normal(size=9).tolist(), None, 1e-4),
+    "theta_n_integer": (rng.normal(size=10).tolist(), None, 0.3),
+    "theta_n_fractional": (rng.normal(size=10).tolist(), None, 0.25),
+    "zero_weights": ([5.0, 1.0, 9.0, 2.0, 3.0], [1.0, 1.0, 0.0, 2.0, 0.0], 0.4),
+    "random_weights": (
+        rng.normal(size=12).tolist(),
+        rng.uniform(0.1, 2.0, size=12).tolist(),
+        0.37,
+    ),
+    "integer_weights": ([4.0, 2.0, 8.0, 6.0, 1.0], [3.0, 1.0, 2.0, 2.0, 2.0], 0.2),
+}
+
+
+def _arrays(losses, weights):
+    losses = np.asarray(losses, np.float32)
+    weights = np.ones_like(losses) if weights is None else np.asarray(weights, np.float32)
+    return losses, weights
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_superquantile_matches_linear_program(name):
+    losses, weights, theta = EDGE_CASES[name]
+    losses, weights = _arrays(losses, weights)
+    expected = lp_superquantile(losses, theta, weights)
+    got = sq(losses, theta, weights)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    # weights=None is the uniform case.
+    if np.all(weights == 1):
+        np.testing.assert_allclose(sq(losses, theta), got, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_superquantile_weights_match_greedy_and_are_optimal(name):
+    losses, weights, theta = EDGE_CASES[name]
+    losses, weights = _arrays(losses, weights)
+    pi = np.asarray(sq_weights(losses, theta, weights), np.float64)
+    np.testing.assert_allclose(pi, greedy_weights(losses, theta, weights), atol=2e-6)
+    wbar = weights / weights.sum()
+    assert np.all(pi >= 0)
+    assert np.all(pi <= wbar / theta * (1 + 1e-5) + 1e-7)
+    np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        pi @ losses, lp_superquantile(losses, theta, weights), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+def test_tail_threshold_matches_definition(name):
+    losses, weights, theta = EDGE_CASES[name]
+    losses, weights = _arrays(losses, weights)
+    got = threshold(losses, theta, weights)
+    assert float(got) == brute_threshold(losses, theta, weights)
+
+
+def test_percentiles_are_exact_inverted_cdf():
+    # How the engine computes percentile p: tail_threshold(x, 1 - p / 100).
+    # The exact answer is the k-th smallest value, k = ceil(p n / 100) (>= 1),
+    # in integer arithmetic. (np.percentile(method="inverted_cdf") itself
+    # rounds: at n = 100, p = 55 it computes 0.55 * 100 = 55.000000000000007
+    # and returns the 56th value.)
+    for n in (100, 37, 10):
+        x = np.random.default_rng(n).normal(size=n).astype(np.float32)
+        ordered = np.sort(x)
+        for p in range(0, 101, 5):
+            k = max(-(-p * n // 100), 1)
+            got = threshold(x, 1 - p / 100) if p < 100 else threshold(x, 1e-7)
+            assert float(got) == ordered[k - 1], (n, p)
+
+
+def test_integer_theta_n_puts_zero_weight_on_boundary():
+    # theta = 0.1 is not exact in float32, yet theta * n = 10 is treated as an
+    # integer: exactly 10 clients get 1/10 (004 Proposition 3(c), Remark 1).
+    losses = np.random.default_rng(0).permutation(100).astype(np.float32)
+    pi = np.asarray(sq_weights(losses, 0.1))
+    assert np.count_nonzero(pi) == 10
+    np.testing.assert_allclose(pi[losses >= 90], 0.1, rtol=1e-6)
+    assert float(threshold(losses, 0.1)) == 89.0
+    np.testing.assert_allclose(sq(losses, 0.1), np.mean(np.arange(90, 100)), rtol=1e-6)
+
+
+def test_fractional_boundary_client():
+    # theta n = 2.5: two clients get 1/(theta n) = 0.4, the boundary gets 0.2.
+    losses = np.arange(10, dtype=np.float32)
+    pi = np.asarray(sq_weights(losses, 0.25))
+    np.testing.assert_allclose(pi[9], 0.4, rtol=1e-6)
+    np.testing.assert_allclose(pi[8], 0.4, rtol=1e-6)
+    np.testing.assert_allclose(pi[7], 0.2, rtol=1e-5)
+    assert np.all(pi[:7] == 0)
+    assert float(threshold(losses, 0.25)) == 7.0
+    np.testing.assert_allclose(sq(losses, 0.25), 0.4 * 9 + 0.4 * 8 + 0.2 * 7, rtol=1e-6)
+
+
+def test_limits_in_theta():
+    losses = np.array([0.5, -1.0, 3.0, 2.0], np.float32)
+    weights = np.array([1.0, 3.0, 2.0, 2.0], np.float32)
+    np.testing.assert_allclose(
+        sq(losses, 1.0, weights), np.average(losses, weights=weights), rtol=1e-6
+    )
+    np.testing.assert_allclose(sq(losses, 1e-6, weights), 3.0, rtol=1e-6)
+    assert float(threshold(losses, 1.0, weights)) == -1.0
+    assert float(threshold(losses, 1e-6, weights)) == 3.0
+
+
+def test_tied_losses_share_the_boundary_and_permutation_equivariance():
+    losses = np.array([1.0, 3.0, 2.0, 2.0, 2.0, 0.0], np.float32)
+    # theta n = 3: 3.0 gets 1/3, the three 2.0 share the remaining 2/3.
+    pi = np.asarray(sq_weights(losses, 0.5))
+    np.testing.assert_allclose(pi, [0, 1 / 3, 2 / 9, 2 / 9, 2 / 9, 0], atol=1e-6)
+    perm = np.random.default_rng(1).permutation(losses.size)
+    np.testing.assert_allclose(
+        np.asarray(sq_weights(losses[perm], 0.5)), pi[perm], atol=1e-7
+    )
+    # The gradient at ties is the same symmetric subgradient.
+    grad = jax.grad(superquantile)(jnp.asarray(losses), 0.5)
+    np.testing.assert_allclose(grad, pi, atol=1e-7)
+
+
+def test_weighted_ties_share_in_proportion_to_weights():
+    losses = np.array([5.0, 1.0, 1.0], np.float32)
+    weights = np.array([1.0, 1.0, 3.0], np.float32)
+    # theta = 0.6: the 5.0 gets (1/5)/0.6 = 1/3; the ties share 2/3 as 1:3.
+    pi = np.asarray(sq_weights(losses, 0.6, weights))
+    np.testing.assert_allclose(pi, [1 / 3, 1 / 6, 1 / 2], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# jit / vmap / gradients
+
+
+def test_vmap_over_losses_and_theta_matches_loop():
+    batch = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
+    weights = np.random.default_rng(3).uniform(size=(5, 8)).astype(np.float32)
+    thetas = np.array([0.1, 0.25, 0.5, 0.9, 1.0], np.float32)
+    for fn in (superquantile, superquantile_weights, tail_threshold):
+        batched = jax.jit(jax.vmap(fn))(batch, thetas, weights)
+        looped = np.stack([fn(batch[i], thetas[i], weights[i]) for i in range(5)])
+        np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-7)
+    # A sweep: one loss vector, many theta.
+    sweep = jax.jit(jax.vmap(superquantile, in_axes=(None, 0)))(batch[0], thetas)
+    expected = [lp_superquantile(batch[0], float(t), np.ones(8)) for t in thetas]
+    np.testing.assert_allclose(sweep, expected, rtol=1e-5)
+
+
+def test_gradient_equals_superquantile_weights():
+    losses = np.random.default_rng(4).normal(size=11).astype(np.float32)
+    weights = np.random.default_rng(5).uniform(size=11).astype(np.float32)
+    for theta in (0.05, 0.3, 0.5, 1.0):
+        grad = jax.jit(jax.grad(superquantile))(losses, theta, weights)
+        np.testing.assert_allclose(grad, sq_weights(losses, theta, weights), atol=1e-7)
+
+
+def test_check_grads_away_from_ties():
+    # Distinct losses and theta * n = 2.6 away from an integer: smooth there.
+    losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
+    weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
+    theta = jnp.float32(0.45)
+    check_grads(
+        lambda a, t, w: superquantile(a, t, w),
+        (losses, theta, weights),
+        order=1,
+        modes=("fwd", "rev"),
+        eps=1e-3,
+    )
+
+
+def test_second_derivative_in_losses_is_zero():
+    losses = jnp.array([0.1, 1.3, -0.7, 2.2], jnp.float32)
+    hessian = jax.hessian(superquantile)(losses, 0.4)
+    np.testing.assert_array_equal(hessian, np.zeros((4, 4)))
+
+
+# ---------------------------------------------------------------------------
+# NaN / inf / bad arguments
+
+
+def test_nan_loss_propagates():
+    losses = np.array([1.0, np.nan, 2.0], np.float32)
+    assert np.isnan(sq(losses, 0.5))
+    assert np.all(np.isnan(sq_weights(losses, 0.5)))
+    assert np.isnan(threshold(losses, 0.5))
+    assert np.all(np.isnan(jax.grad(superquantile)(jnp.asarray(losses), 0.5)))
+
+
+def test_nan_loss_with_zero_weight_is_ignored():
+    losses = np.array([1.0, np.nan, 2.0, np.inf], np.float32)
+    weights = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
+    np.testing.assert_allclose(sq(losses, 0.5, weights), 2.0)
+    np.testing.assert_array_equal(sq_weights(losses, 0.5, weights), [0.0, 0.0, 1.0, 0.0])
+    assert float(threshold(losses, 0.5, weights)) == 1.0
+    grad = jax.grad(superquantile)(jnp.asarray(losses), 0.5, jnp.asarray(weights))
+    np.testing.assert_array_equal(grad, [0.0, 0.0, 1.0, 0.0])
+
+
+def test_infinite_losses():
+    losses = np.array([1.0, np.inf, 2.0, 0.0], np.float32)
+    assert float(sq(losses, 0.5)) == np.inf
+    np.testing.assert_allclose(sq_weights(losses, 0.5), [0.0, 0.5, 0.5, 0.0])
+    assert float(threshold(losses, 0.5)) == 1.0
+    # The +inf entry carries 1/4 > theta: the threshold is +inf.
+    assert float(threshold(losses, 0.2)) == np.inf
+    np.testing.assert_allclose(sq_weights(losses, 0.2), [0.0, 1.0, 0.0, 0.0])
+    # -inf losses: ignored unless the tail reaches them.
+    losses = np.array([1.0, -np.inf, 2.0], np.float32)
+    np.testing.assert_allclose(sq(losses, 0.5), 5 / 3, rtol=1e-6)
+    assert float(sq(losses, 1.0)) == -np.inf
+    assert float(threshold(losses, 1.0)) == -np.inf
+
+
+def test_all_zero_weights():
+    losses = np.array([1.0, 2.0], np.float32)
+    weights = np.zeros(2, np.float32)
+    assert np.isnan(sq(losses, 0.5, weights))
+    assert np.isnan(threshold(losses, 0.5, weights))
+    np.testing.assert_array_equal(sq_weights(losses, 0.5, weights), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
+def test_bad_weights_give_nan(bad):
+    losses = np.array([1.0, 2.0, 3.0], np.float32)
+    weights = np.array([1.0, bad, 1.0], np.float32)
+    assert np.isnan(sq(losses, 0.5, weights))
+    assert np.all(np.isnan(sq_weights(losses, 0.5, weights)))
+
+
+@pytest.mark.parametrize("theta", [0.0, -0.5, 1.5, np.nan])
+def test_bad_theta(theta):
+    losses = np.array([1.0, 2.0, 3.0], np.float32)
+    with pytest.raises(ValueError, match="theta"):
+        superquantile(losses, theta)
+    with pytest.raises(ValueError, match="theta"):
+        tail_threshold(losses, np.float32(theta))
+    with pytest.raises(ValueError, match="theta"):
+        smoothed_superquantile(losses, theta, 0.1)
+    # Traced: NaN.
+    assert np.isnan(sq(losses, theta))
+    assert np.isnan(threshold(losses, theta))
+    assert np.all(np.isnan(sq_weights(losses, theta)))
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="1-D"):
+        superquantile(np.ones((2, 3)), 0.5)
+    with pytest.raises(ValueError, match="shape"):
+        superquantile(np.ones(3), 0.5, np.ones(4))
+    with pytest.raises(ValueError, match="at least one"):
+        superquantile(np.ones(0), 0.5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_low_precision_inputs_keep_their_dtype(dtype):
+    losses = jnp.asarray([0.5, 2.0, 1.0, 3.0], dtype)
+    out = superquantile(losses, 0.5)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(float(out), 2.5, rtol=1e-2)
+    assert superquantile_weights(losses, 0.5).dtype == dtype
+
+
+# ---------------------------------------------------------------------------
+# Smoothed superquantile (004 eq. 14-15)
+
+SMOOTHED_CASES = [
+    ([0.3, -1.0, 4.0, 2.5, 1.0], [1.0, 2.0, 0.5, 1.5, 1.0], 0.3, 0.5),
+    ([0.3, -1.0, 4.0, 2.5, 1.0], None, 0.5, 0.05),
+    ([1.0, 3.0, 3.0, 0.0], None, 0.25, 0.2),  # ties
+    ([2.0, 1.0, 0.5], [1.0, 0.0, 1.0], 0.6, 1.0),  # a zero weight
+    ([0.2, 0.1], None, 1.0, 0.3),  # theta = 1: the mean
+    ([5.0], None, 0.2, 0.3),  # n = 1
+]
+
+
+@pytest.mark.parametrize("case", range(len(SMOOTHED_CASES)))
+def test_smoothed_superquantile_matches_slsqp(case):
+    losses, weights, theta, nu = SMOOTHED_CASES[case]
+    losses, weights = _arrays(losses, weights)
+    positive = weights > 0
+    value, pi_ref = slsqp_smoothed(losses[positive], theta, nu, weights[positive])
+    np.testing.assert_allclose(smoothed(losses, theta, nu, weights), value, rtol=1e-5, atol=1e-5)
+    pi = np.asarray(smoothed_weights(losses, theta, nu, weights))
+    np.testing.assert_allclose(pi[positive], pi_ref, atol=2e-4)
+    assert np.all(pi[~positive] == 0)
+    np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-5)
+
+
+def test_smoothed_limits():
+    losses = np.random.default_rng(6).normal(size=9).astype(np.float32)
+    exact = float(sq(losses, 0.3))
+    # 0 <= S - S^nu <= nu log(1/theta), and nu = 0 is the superquantile.
+    for nu in (1e-3, 1e-2, 1e-1, 1.0):
+        gap = exact - float(smoothed(losses, 0.3, nu))
+        assert -1e-5 <= gap <= nu * np.log(1 / 0.3) + 1e-5
+    assert float(smoothed(losses, 0.3, 0.0)) == exact
+    np.testing.assert_array_equal(smoothed_weights(losses, 0.3, 0.0), sq_weights(losses, 0.3))
+    np.testing.assert_allclose(smoothed(losses, 1.0, 0.7), losses.mean(), rtol=1e-5)
+    assert np.isnan(smoothed(losses, 0.3, -1.0))  # traced negative nu
+    with pytest.raises(ValueError, match="nu"):
+        smoothed_superquantile(losses, 0.3, -1.0)
+
+
+def test_smoothed_gradients():
+    losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
+    weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
+    grad = jax.grad(smoothed_superquantile)(losses, 0.45, 0.3, weights)
+    np.testing.assert_allclose(grad, smoothed_weights(losses, 0.45, 0.3, weights), atol=1e-6)
+    check_grads(
+        lambda a, t, nu, w: smoothed_superquantile(a, t, nu, w),
+        (losses, jnp.float32(0.45), jnp.float32(0.3), weights),
+        order=1,
+        modes=("fwd", "rev"),
+        eps=1e-3,
+    )
+
+
+def test_smoothed_vmap_and_nan():
+    batch = np.random.default_rng(7).normal(size=(3, 6)).astype(np.float32)
+    nus = np.array([0.0, 0.1, 1.0], np.float32)
+    batched = jax.vmap(smoothed_superquantile, in_axes=(0, None, 0))(batch, 0.4, nus)
+    looped = [smoothed_superquantile(batch[i], 0.4, nus[i]) for i in range(3)]
+    np.testing.assert_allclose(batched, looped, rtol=1e-6)
+    losses = np.array([1.0, np.nan], np.float32)
+    assert np.isnan(smoothed(losses, 0.5, 0.1))
+    assert np.all(np.isnan(smoothed_weights(losses, 0.5, 0.1)))
+    losses = np.array([1.0, np.inf, 0.0], np.float32)
+    assert float(smoothed(losses, 0.5, 0.1)) == np.inf
+    pi = np.asarray(smoothed_weights(losses, 0.5, 0.1))
+    np.testing.assert_allclose(pi[1], 2 / 3, rtol=1e-6)  # its cap wbar / theta
+    np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Tilted risk (TERM)
+
+
+@pytest.mark.parametrize("t", [0.0, 1e-7, 1e-3, 0.5, 5.0, -5.0, 200.0, -200.0])
+def test_tilted_risk_matches_logsumexp(t):
+    losses = np.array([1.0, 2.0, 3.5, -0.5], np.float32)
+    weights = np.array([1.0, 2.0, 1.0, 0.5], np.float32)
+    wbar = weights.astype(np.float64) / weights.sum()
+    a = losses.astype(np.float64)
+    if t == 0:
+        expected = wbar @ a
+        expected_pi = wbar
+    else:
+        expected = logsumexp(t * a, b=wbar) / t
+        expected_pi = np.exp(t * a - logsumexp(t * a, b=wbar)) * wbar
+    np.testing.assert_allclose(tilted(losses, t, weights), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tilted_weights(losses, t, weights), expected_pi, atol=1e-6)
+
+
+def test_tilted_gradients():
+    losses = jnp.array([1.0, 2.0, 3.5, -0.5], jnp.float32)
+    weights = jnp.array([1.0, 2.0, 1.0, 0.5], jnp.float32)
+    for t in (0.0, 0.7, -2.0):
+        grad = jax.grad(tilted_risk)(losses, t, weights)
+        np.testing.assert_allclose(grad, tilted_weights(losses, t, weights), atol=1e-6)
+    for t in (0.7, -2.0):
+        check_grads(
+            lambda a, tt, w: tilted_risk(a, tt, w),
+            (losses, jnp.float32(t), weights),
+            order=1,
+            modes=("fwd", "rev"),
+            eps=1e-3,
+        )
+    # dR/dt at t = 0 is half the weighted variance.
+    wbar = np.asarray(weights) / np.sum(weights)
+    a = np.asarray(losses, np.float64)
+    variance = wbar @ (a - wbar @ a) ** 2
+    np.testing.assert_allclose(
+        jax.grad(tilted_risk, argnums=1)(losses, 0.0, weights), variance / 2, rtol=1e-5
+    )
+
+
+def test_tilted_edge_cases():
+    losses = np.array([1.0, np.inf, 2.0, np.inf], np.float32)
+    weights = np.array([1.0, 1.0, 1.0, 3.0], np.float32)
+    assert float(tilted(losses, 1.0, weights)) == np.inf
+    np.testing.assert_allclose(tilted_weights(losses, 1.0, weights), [0, 0.25, 0, 0.75])
+    losses = np.array([1.0, np.nan], np.float32)
+    assert np.isnan(tilted(losses, 1.0))
+    np.testing.assert_allclose(tilted(losses, 1.0, np.array([1.0, 0.0], np.float32)), 1.0)
+    assert np.isnan(tilted(np.ones(2, np.float32), 1.0, np.zeros(2, np.float32)))
+    with pytest.raises(ValueError, match="t must be finite"):
+        tilted_risk(np.ones(2), np.inf)
+    # Large |t| tends to the max / min.
+    losses = np.array([0.1, 0.4, 0.3], np.float32)
+    np.testing.assert_allclose(tilted(losses, 1e4), 0.4, atol=1e-3)
+    np.testing.assert_allclose(tilted(losses, -1e4), 0.1, atol=1e-3)
+
+
+def test_tilted_vmap_over_t():
+    losses = np.random.default_rng(8).normal(size=7).astype(np.float32)
+    ts = np.array([-3.0, 0.0, 1e-6, 2.0], np.float32)
+    batched = jax.jit(jax.vmap(tilted_risk, in_axes=(None, 0)))(losses, ts)
+    looped = [tilted_risk(losses, t) for t in ts]
+    np.testing.assert_allclose(batched, looped, rtol=1e-6)
+
