@@ -122,10 +122,13 @@ def node_indices(bins: jax.Array, num_bins: int) -> jax.Array:
     Levels are laid out one after the other: level r starts at
     sum_{r' < r} b / 2^r' and node j of level r is at that offset plus j.
     """
-    offsets = np.concatenate([[0], np.cumsum([num_bins >> r for r in range(num_levels(num_bins))])])
-    shifts = np.arange(num_levels(num_bins))
+    depth = num_levels(num_bins)
+    sizes = [num_bins >> r for r in range(depth)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+    shifts = np.arange(depth, dtype=np.int32)
     bins = jnp.asarray(bins, jnp.int32)[..., None]
-    return jnp.asarray(offsets[:-1], jnp.int32) + (bins >> jnp.asarray(shifts, jnp.int32))
+    full_rank = (1,) * (bins.ndim - 1) + (depth,)  # no implicit rank promotion
+    return jnp.reshape(offsets, full_rank) + (bins >> jnp.reshape(shifts, full_rank))
 
 
 def split_levels(flat: jax.Array, num_bins: int) -> tuple[jax.Array, ...]:

@@ -121,45 +121,66 @@ EDGE_CASES = {
 }
 
 
+PAD_TO = 12  # the grid shares one compiled shape (n = 1 aside)
+
+
 def _arrays(losses, weights):
     losses = np.asarray(losses, np.float32)
     weights = np.ones_like(losses) if weights is None else np.asarray(weights, np.float32)
     return losses, weights
 
 
+def _padded(losses, weights):
+    """Pads with zero-weight NaN entries: they must change nothing."""
+    if losses.size == 1:
+        return losses, weights
+    pad = PAD_TO - losses.size
+    return (
+        np.concatenate([losses, np.full(pad, np.nan, np.float32)]),
+        np.concatenate([weights, np.zeros(pad, np.float32)]),
+    )
+
+
+@jax.jit
+def tail_outputs(losses, theta, weights):
+    return (
+        superquantile(losses, theta, weights),
+        superquantile_weights(losses, theta, weights),
+        tail_threshold(losses, theta, weights),
+        jax.grad(superquantile)(losses, theta, weights),
+    )
+
+
 @pytest.mark.parametrize("name", sorted(EDGE_CASES))
-def test_superquantile_matches_linear_program(name):
+def test_tail_functionals_on_edge_grid(name):
     losses, weights, theta = EDGE_CASES[name]
     losses, weights = _arrays(losses, weights)
+    n = losses.size
+    padded_losses, padded_weights = _padded(losses, weights)
+    value, pi, q, grad = tail_outputs(padded_losses, theta, padded_weights)
+    pi, grad = np.asarray(pi, np.float64)[:n], np.asarray(grad)[:n]
+    # The value against the linear program.
     expected = lp_superquantile(losses, theta, weights)
-    got = sq(losses, theta, weights)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    # weights=None is the uniform case.
-    if np.all(weights == 1):
-        np.testing.assert_allclose(sq(losses, theta), got, rtol=1e-6)
-
-
-@pytest.mark.parametrize("name", sorted(EDGE_CASES))
-def test_superquantile_weights_match_greedy_and_are_optimal(name):
-    losses, weights, theta = EDGE_CASES[name]
-    losses, weights = _arrays(losses, weights)
-    pi = np.asarray(sq_weights(losses, theta, weights), np.float64)
+    np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
+    # The weights against the greedy loop, feasible, optimal, and = gradient.
     np.testing.assert_allclose(pi, greedy_weights(losses, theta, weights), atol=2e-6)
     wbar = weights / weights.sum()
     assert np.all(pi >= 0)
     assert np.all(pi <= wbar / theta * (1 + 1e-5) + 1e-7)
     np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-5)
-    np.testing.assert_allclose(
-        pi @ losses, lp_superquantile(losses, theta, weights), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(pi @ losses, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad, pi, atol=1e-7)
+    # The threshold against its definition.
+    assert float(q) == brute_threshold(losses, theta, weights)
 
 
-@pytest.mark.parametrize("name", sorted(EDGE_CASES))
-def test_tail_threshold_matches_definition(name):
-    losses, weights, theta = EDGE_CASES[name]
-    losses, weights = _arrays(losses, weights)
-    got = threshold(losses, theta, weights)
-    assert float(got) == brute_threshold(losses, theta, weights)
+def test_uniform_weights_default():
+    losses = np.random.default_rng(9).normal(size=PAD_TO).astype(np.float32)
+    ones = np.ones(PAD_TO, np.float32)
+    for theta in (0.3, 0.25, 1.0):
+        np.testing.assert_allclose(sq(losses, theta), lp_superquantile(losses, theta, ones), rtol=1e-5)
+        np.testing.assert_array_equal(sq_weights(losses, theta), sq_weights(losses, theta, ones))
+        assert float(threshold(losses, theta)) == brute_threshold(losses, theta, ones)
 
 
 def test_percentiles_are_exact_inverted_cdf():
@@ -221,7 +242,7 @@ def test_tied_losses_share_the_boundary_and_permutation_equivariance():
         np.asarray(sq_weights(losses[perm], 0.5)), pi[perm], atol=1e-7
     )
     # The gradient at ties is the same symmetric subgradient.
-    grad = jax.grad(superquantile)(jnp.asarray(losses), 0.5)
+    grad = jax.jit(jax.grad(superquantile))(losses, 0.5)
     np.testing.assert_allclose(grad, pi, atol=1e-7)
 
 
@@ -241,7 +262,7 @@ def test_vmap_over_losses_and_theta_matches_loop():
     batch = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
     weights = np.random.default_rng(3).uniform(size=(5, 8)).astype(np.float32)
     thetas = np.array([0.1, 0.25, 0.5, 0.9, 1.0], np.float32)
-    for fn in (superquantile, superquantile_weights, tail_threshold):
+    for fn in (sq, sq_weights, threshold):
         batched = jax.jit(jax.vmap(fn))(batch, thetas, weights)
         looped = np.stack([fn(batch[i], thetas[i], weights[i]) for i in range(5)])
         np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-7)
@@ -265,7 +286,7 @@ def test_check_grads_away_from_ties():
     weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
     theta = jnp.float32(0.45)
     check_grads(
-        lambda a, t, w: superquantile(a, t, w),
+        sq,
         (losses, theta, weights),
         order=1,
         modes=("fwd", "rev"),
@@ -275,7 +296,7 @@ def test_check_grads_away_from_ties():
 
 def test_second_derivative_in_losses_is_zero():
     losses = jnp.array([0.1, 1.3, -0.7, 2.2], jnp.float32)
-    hessian = jax.hessian(superquantile)(losses, 0.4)
+    hessian = jax.jit(jax.hessian(superquantile))(losses, 0.4)
     np.testing.assert_array_equal(hessian, np.zeros((4, 4)))
 
 
@@ -288,7 +309,7 @@ def test_nan_loss_propagates():
     assert np.isnan(sq(losses, 0.5))
     assert np.all(np.isnan(sq_weights(losses, 0.5)))
     assert np.isnan(threshold(losses, 0.5))
-    assert np.all(np.isnan(jax.grad(superquantile)(jnp.asarray(losses), 0.5)))
+    assert np.all(np.isnan(jax.jit(jax.grad(superquantile))(losses, 0.5)))
 
 
 def test_nan_loss_with_zero_weight_is_ignored():
@@ -297,7 +318,7 @@ def test_nan_loss_with_zero_weight_is_ignored():
     np.testing.assert_allclose(sq(losses, 0.5, weights), 2.0)
     np.testing.assert_array_equal(sq_weights(losses, 0.5, weights), [0.0, 0.0, 1.0, 0.0])
     assert float(threshold(losses, 0.5, weights)) == 1.0
-    grad = jax.grad(superquantile)(jnp.asarray(losses), 0.5, jnp.asarray(weights))
+    grad = jax.jit(jax.grad(superquantile))(losses, 0.5, weights)
     np.testing.assert_array_equal(grad, [0.0, 0.0, 1.0, 0.0])
 
 
@@ -359,10 +380,10 @@ def test_shape_errors():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_low_precision_inputs_keep_their_dtype(dtype):
     losses = jnp.asarray([0.5, 2.0, 1.0, 3.0], dtype)
-    out = superquantile(losses, 0.5)
+    out = sq(losses, 0.5)
     assert out.dtype == dtype
     np.testing.assert_allclose(float(out), 2.5, rtol=1e-2)
-    assert superquantile_weights(losses, 0.5).dtype == dtype
+    assert sq_weights(losses, 0.5).dtype == dtype
 
 
 # ---------------------------------------------------------------------------
@@ -409,10 +430,10 @@ def test_smoothed_limits():
 def test_smoothed_gradients():
     losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
     weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
-    grad = jax.grad(smoothed_superquantile)(losses, 0.45, 0.3, weights)
+    grad = jax.jit(jax.grad(smoothed_superquantile))(losses, 0.45, 0.3, weights)
     np.testing.assert_allclose(grad, smoothed_weights(losses, 0.45, 0.3, weights), atol=1e-6)
     check_grads(
-        lambda a, t, nu, w: smoothed_superquantile(a, t, nu, w),
+        smoothed,
         (losses, jnp.float32(0.45), jnp.float32(0.3), weights),
         order=1,
         modes=("fwd", "rev"),
@@ -423,8 +444,8 @@ def test_smoothed_gradients():
 def test_smoothed_vmap_and_nan():
     batch = np.random.default_rng(7).normal(size=(3, 6)).astype(np.float32)
     nus = np.array([0.0, 0.1, 1.0], np.float32)
-    batched = jax.vmap(smoothed_superquantile, in_axes=(0, None, 0))(batch, 0.4, nus)
-    looped = [smoothed_superquantile(batch[i], 0.4, nus[i]) for i in range(3)]
+    batched = jax.jit(jax.vmap(smoothed, in_axes=(0, None, 0)))(batch, 0.4, nus)
+    looped = [smoothed(batch[i], 0.4, nus[i]) for i in range(3)]
     np.testing.assert_allclose(batched, looped, rtol=1e-6)
     losses = np.array([1.0, np.nan], np.float32)
     assert np.isnan(smoothed(losses, 0.5, 0.1))
@@ -459,12 +480,13 @@ def test_tilted_risk_matches_logsumexp(t):
 def test_tilted_gradients():
     losses = jnp.array([1.0, 2.0, 3.5, -0.5], jnp.float32)
     weights = jnp.array([1.0, 2.0, 1.0, 0.5], jnp.float32)
+    tilted_grad = jax.jit(jax.grad(tilted_risk))
     for t in (0.0, 0.7, -2.0):
-        grad = jax.grad(tilted_risk)(losses, t, weights)
+        grad = tilted_grad(losses, t, weights)
         np.testing.assert_allclose(grad, tilted_weights(losses, t, weights), atol=1e-6)
     for t in (0.7, -2.0):
         check_grads(
-            lambda a, tt, w: tilted_risk(a, tt, w),
+            tilted,
             (losses, jnp.float32(t), weights),
             order=1,
             modes=("fwd", "rev"),
@@ -475,7 +497,9 @@ def test_tilted_gradients():
     a = np.asarray(losses, np.float64)
     variance = wbar @ (a - wbar @ a) ** 2
     np.testing.assert_allclose(
-        jax.grad(tilted_risk, argnums=1)(losses, 0.0, weights), variance / 2, rtol=1e-5
+        jax.jit(jax.grad(tilted_risk, argnums=1))(losses, 0.0, weights),
+        variance / 2,
+        rtol=1e-5,
     )
 
 
@@ -500,6 +524,6 @@ def test_tilted_vmap_over_t():
     losses = np.random.default_rng(8).normal(size=7).astype(np.float32)
     ts = np.array([-3.0, 0.0, 1e-6, 2.0], np.float32)
     batched = jax.jit(jax.vmap(tilted_risk, in_axes=(None, 0)))(losses, ts)
-    looped = [tilted_risk(losses, t) for t in ts]
+    looped = [tilted(losses, t) for t in ts]
     np.testing.assert_allclose(batched, looped, rtol=1e-6)
 

@@ -1,0 +1,295 @@
+"""Tests of the DP quantile protocol (004 Algorithm 2) and its accounting.
+
+Modular arithmetic is checked against Python's arbitrary-precision integers,
+the protocol against (c h + sum_i xi_i) mod M recomputed from the same noise,
+and Theorem 6's formulas against an independent transcription.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxfl.primitives import (
+    discrete_gaussian,
+    dp_hierarchical_histogram,
+    dp_quantile,
+    dp_quantile_epsilon,
+    dp_quantile_modulus,
+    dp_quantile_scale,
+    dp_quantile_sigma,
+    hierarchical_histogram,
+    histogram_quantile,
+)
+from jaxfl.primitives.dp_quantile import (
+    add_mod,
+    mod_signed,
+    secure_sum_of_noisy_histograms,
+    signed_representative,
+    sum_mod,
+)
+
+NUM_CLIENTS = 256
+NUM_BINS = 16
+UPPER = 10.0
+THETAS = np.linspace(0.1, 0.9, 9).astype(np.float32)
+
+exact_levels_jit = jax.jit(hierarchical_histogram, static_argnums=(1,))
+exact_quantiles_jit = jax.jit(
+    jax.vmap(histogram_quantile, in_axes=(None, 0, None, None)), static_argnums=(3,)
+)
+
+
+def _values(seed=0):
+    return np.random.default_rng(seed).uniform(0, UPPER, NUM_CLIENTS).astype(np.float32)
+
+
+@functools.cache
+def _levels_jit(modulus):
+    return jax.jit(
+        lambda key, values, sigma, scale: dp_hierarchical_histogram(
+            key, values, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
+        )
+    )
+
+
+@functools.cache
+def _quantiles_jit(modulus):
+    def quantiles(key, values, sigma, scale):
+        fn = lambda theta: dp_quantile(  # noqa: E731
+            key, values, theta, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
+        )
+        return jax.vmap(fn)(jnp.asarray(THETAS))
+
+    return jax.jit(quantiles)
+
+
+MODULI = [2, 3, 1000, 1024, 2**31 + 11, 2**32 - 5, 2**32]
+
+
+@pytest.mark.parametrize("modulus", MODULI)
+def test_modular_arithmetic_against_python_ints(modulus):
+    rng = np.random.default_rng(modulus % 1000)
+    xs = np.concatenate(
+        [
+            np.array([0, 1, -1, 2**31 - 1, -(2**31), -(2**31) + 1, modulus % 2**31], np.int64),
+            rng.integers(-(2**31), 2**31, size=200),
+        ]
+    ).astype(np.int32)
+    residues = np.asarray(mod_signed(jnp.asarray(xs), modulus)).astype(np.int64)
+    np.testing.assert_array_equal(residues, [int(x) % modulus for x in xs])
+    a, b = residues[:100], residues[100:200]
+    added = np.asarray(
+        add_mod(jnp.asarray(a, jnp.uint32), jnp.asarray(b, jnp.uint32), modulus)
+    )
+    np.testing.assert_array_equal(added.astype(np.int64), [(int(x) + int(y)) % modulus for x, y in zip(a, b)])
+    # The secure sum over clients (rows), odd count to exercise padding.
+    table = residues[:201].reshape(67, 3)
+    summed = np.asarray(sum_mod(jnp.asarray(table, jnp.uint32), modulus))
+    np.testing.assert_array_equal(
+        summed.astype(np.int64), [sum(int(v) for v in table[:, k]) % modulus for k in range(3)]
+    )
+    # Signed representatives in (-M/2, M/2].
+    signed = np.asarray(
+        signed_representative(jnp.asarray(residues, jnp.uint32), modulus, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    )
+    expected = [r - modulus if r > modulus // 2 else r for r in residues.tolist()]
+    np.testing.assert_allclose(signed, expected, rtol=1e-7)
+
+
+def test_modulus_range():
+    values = _values()
+    with pytest.raises(ValueError, match="modulus"):
+        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=2**32 + 1)
+    with pytest.raises(ValueError, match="modulus"):
+        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=1)
+    with pytest.raises(ValueError, match="scale"):
+        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1.5, modulus=64)
+    with pytest.raises(ValueError, match="sigma"):
+        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=-1.0, scale=1, modulus=64)
+    with pytest.raises(ValueError, match="theta"):
+        dp_quantile(jax.random.key(0), values, 0.0, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=64)
+    with pytest.raises(ValueError, match="power of two"):
+        dp_quantile(jax.random.key(0), values, 0.5, num_bins=10, upper=10.0, sigma=1.0, scale=1, modulus=64)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_zero_noise_large_modulus_is_the_exact_histogram_quantile(seed):
+    values = _values(seed)
+    if seed == 1:  # chi-square(4), clipped, with values exactly on bin edges
+        values = np.random.default_rng(seed).chisquare(4, NUM_CLIENTS).astype(np.float32)
+        values[:16] = np.arange(16, dtype=np.float32) * np.float32(UPPER / NUM_BINS)
+    exact_levels = exact_levels_jit(values, NUM_BINS, UPPER)
+    exact = exact_quantiles_jit(exact_levels, THETAS, NUM_CLIENTS, UPPER)
+    got = _quantiles_jit(2**32)(jax.random.key(seed), values, 0.0, 3)
+    np.testing.assert_array_equal(got, exact)
+    levels = _levels_jit(2**32)(jax.random.key(seed), values, 0.0, 3)
+    for noisy, true in zip(levels, exact_levels):
+        np.testing.assert_array_equal(noisy, np.asarray(true, np.float32))
+
+
+def test_protocol_sum_equals_scaled_histogram_plus_summed_noise():
+    # s = sum_i ((c x_i + xi_i) mod M) mod M = (c h + sum_i xi_i) mod M, with
+    # client i's noise from fold_in(key, i); M not a power of two.
+    values = _values(2)
+    key, sigma, scale, modulus = jax.random.key(3), 2.0, 5, 1_000_003
+    residues = jax.jit(
+        lambda k: secure_sum_of_noisy_histograms(
+            k, values, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
+        )
+    )(key)
+    size = 2 * NUM_BINS - 2
+    # Client i's noise, drawn on its own from fold_in(key, i).
+    client_noise = jax.jit(
+        lambda i: discrete_gaussian(jax.random.fold_in(key, i), sigma, (size,))
+    )
+    all_noise = np.stack([np.asarray(client_noise(i)) for i in range(NUM_CLIENTS)])
+    true = np.concatenate([np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)])
+    expected = [(scale * int(true[k]) + int(all_noise[:, k].sum())) % modulus for k in range(size)]
+    np.testing.assert_array_equal(np.asarray(residues).astype(np.int64), expected)
+
+
+def test_wraparound_at_bit_width_10():
+    # c h reaches 8 * 128 = 1024 > M / 2 = 512 on the top-level nodes: the
+    # server decodes them as wrong, negative counts (004 Figure 5, 10 bits).
+    values = _values(4)
+    scale, modulus = 8, 2**10
+    exact_levels = [np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)]
+    decoded = _levels_jit(modulus)(jax.random.key(0), values, 0.0, scale)
+    for noisy, true in zip(decoded, exact_levels):
+        scaled = (scale * true.astype(np.int64)) % modulus
+        signed = np.where(scaled > modulus // 2, scaled - modulus, scaled)
+        np.testing.assert_array_equal(noisy, signed / scale)
+    assert np.any(np.asarray(decoded[-1]) < 0)  # the halves wrapped
+    # The quantile suffers: large errors for some theta; none with 32 bits.
+    exact = exact_quantiles_jit(exact_levels, THETAS, NUM_CLIENTS, UPPER)
+    wrapped = _quantiles_jit(modulus)(jax.random.key(0), values, 0.0, scale)
+    assert np.max(np.abs(np.asarray(wrapped) - np.asarray(exact))) >= UPPER / 4
+    np.testing.assert_array_equal(_quantiles_jit(2**32)(jax.random.key(0), values, 0.0, scale), exact)
+
+
+def test_no_wraparound_at_the_theorem_6_modulus():
+    # With M from Theorem 6 (here not a power of two) the decoded tree equals
+    # the one decoded with M = 2^32 from the same noise.
+    values = _values(5)
+    sigma, scale = 1.0, 3
+    modulus = dp_quantile_modulus(NUM_BINS, NUM_CLIENTS, sigma, scale, 1e-5)
+    assert modulus & (modulus - 1) != 0
+    small = _levels_jit(modulus)(jax.random.key(9), values, sigma, scale)
+    large = _levels_jit(2**32)(jax.random.key(9), values, sigma, scale)
+    for a, b in zip(small, large):
+        np.testing.assert_array_equal(a, b)
+    # ... and the noise really is there.
+    exact = exact_levels_jit(values, NUM_BINS, UPPER)
+    assert not np.array_equal(np.asarray(large[0]), np.asarray(exact[0], np.float32))
+
+
+def test_noisy_quantile_error_is_of_the_predicted_size():
+    # Error of eq. 19 at sigma/c = 1 over 8 keys: each H_hat(j) has noise of
+    # std <= sqrt(n log2 b) sigma / c = 32, i.e. 0.125 of n, so the mean error
+    # over theta is well below 0.125 and clearly above the noiseless one.
+    values = _values(6)
+    exact_levels = exact_levels_jit(values, NUM_BINS, UPPER)
+    cdf = np.cumsum(np.asarray(exact_levels[0])) / NUM_CLIENTS
+    run = _quantiles_jit(2**32)
+    errors = []
+    for seed in range(8):
+        estimates = np.asarray(run(jax.random.key(100 + seed), values, 2.0, 2))
+        j_star = np.rint(estimates * NUM_BINS / UPPER).astype(int)
+        errors.append(np.abs(cdf[j_star - 1] - (1 - THETAS)))
+    mean_error = float(np.mean(errors))
+    assert 0.02 < mean_error < 0.1, mean_error
+
+
+def test_vmap_over_theta_reuses_one_noisy_histogram_and_client_mask():
+    values = _values(7)
+    key = jax.random.key(1)
+    batched = _quantiles_jit(2**32)(key, values, 1.5, 2)
+    levels = _levels_jit(2**32)(key, values, 1.5, 2)
+    looped = [
+        jax.jit(histogram_quantile, static_argnums=(3,))(levels, theta, NUM_CLIENTS, UPPER)
+        for theta in THETAS
+    ]
+    np.testing.assert_array_equal(batched, looped)
+    # Masked clients take no part: without noise, the quantile of the others.
+    mask = np.arange(NUM_CLIENTS) % 3 != 0
+    got = jax.jit(
+        lambda k, m: dp_quantile(
+            k, values, 0.3, num_bins=NUM_BINS, upper=UPPER, sigma=0.0, scale=1, modulus=2**32, client_mask=m
+        )
+    )(key, mask)
+    subset = exact_levels_jit(values[mask], NUM_BINS, UPPER)
+    expected = exact_quantiles_jit(subset, np.array([0.3], np.float32), int(mask.sum()), UPPER)
+    assert float(got) == float(expected[0])
+
+
+# ---------------------------------------------------------------------------
+# Theorem 6
+
+
+def theorem6_epsilon(b, n, sigma, c):
+    """004 Theorem 6(a), transcribed independently with a Python loop."""
+    psi = 10 * sum(math.exp(-2 * math.pi**2 * sigma**2 * i / (i + 1)) for i in range(1, n))
+    depth = math.log2(b)
+    first = math.sqrt(c**2 * depth**2 / (n * sigma**2) + psi * b)
+    second = c * depth / (math.sqrt(n) * sigma) + psi * math.sqrt(2 * b)
+    return min(first, second), psi
+
+
+@pytest.mark.parametrize(
+    "b,n,sigma,c", [(64, 256, 1.0, 3.0), (16, 100, 0.5, 1.0), (64, 256, 0.7, 2.0), (2, 1, 2.0, 1.0), (1024, 10_000, 1.2, 40.0)]
+)
+def test_epsilon_formula(b, n, sigma, c):
+    expected, psi = theorem6_epsilon(b, n, sigma, c)
+    np.testing.assert_allclose(dp_quantile_epsilon(b, n, sigma, c), expected, rtol=1e-12)
+    # The theorem states psi <= 10 (n - 1) exp(-2 pi^2 sigma^2), but each term
+    # exp(-2 pi^2 sigma^2 i / (i + 1)) is at least exp(-2 pi^2 sigma^2): the
+    # inequality is reversed. Since i / (i + 1) >= 1/2 the bound that holds is
+    # 10 (n - 1) exp(-pi^2 sigma^2). (Documented in docs/primitives.md.)
+    assert psi >= 10 * (n - 1) * math.exp(-2 * math.pi**2 * sigma**2)
+    assert psi <= 10 * (n - 1) * math.exp(-(math.pi**2) * sigma**2)
+
+
+def test_epsilon_is_monotone_and_inverses_round_trip():
+    b, n = 64, 256
+    sigmas = np.linspace(0.5, 5, 40)
+    eps = [dp_quantile_epsilon(b, n, s, 3.0) for s in sigmas]
+    assert np.all(np.diff(eps) < 0)
+    scales = np.linspace(0.5, 20, 40)
+    eps = [dp_quantile_epsilon(b, n, 1.0, c) for c in scales]
+    assert np.all(np.diff(eps) > 0)
+    for target in (0.2, 1.0, 2.5):
+        sigma = dp_quantile_sigma(target, b, n, 3.0)
+        achieved = dp_quantile_epsilon(b, n, sigma, 3.0)
+        assert achieved <= target
+        np.testing.assert_allclose(achieved, target, rtol=1e-9)
+        scale = dp_quantile_scale(target, b, n, 1.5)
+        np.testing.assert_allclose(dp_quantile_epsilon(b, n, 1.5, scale), target, rtol=1e-9)
+    # Where psi matters (small sigma) the inverse still solves the min.
+    sigma = dp_quantile_sigma(8.0, b, n, 3.0)
+    np.testing.assert_allclose(dp_quantile_epsilon(b, n, sigma, 3.0), 8.0, rtol=1e-9)
+
+
+def test_accounting_errors():
+    with pytest.raises(ValueError, match="sigma >= 1/2"):
+        dp_quantile_epsilon(64, 256, 0.4, 1.0)
+    with pytest.raises(ValueError, match="increase the scale"):
+        dp_quantile_sigma(100.0, 64, 256, 1.0)
+    with pytest.raises(ValueError, match="not reachable"):
+        dp_quantile_scale(1e-3, 64, 256, 0.5)
+    with pytest.raises(ValueError, match="delta"):
+        dp_quantile_modulus(64, 256, 1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="num_clients"):
+        dp_quantile_epsilon(64, 0, 1.0, 1.0)
+
+
+def test_modulus_formula():
+    b, n, sigma, c, delta = 64, 256, 1.0, 3, 1e-5
+    bound = 2 + 2 * c * n + 2 * n * math.sqrt(2 * sigma**2 * math.log(16 * n * b / delta))
+    assert dp_quantile_modulus(b, n, sigma, c, delta) == math.ceil(bound)
+    assert dp_quantile_modulus(b, n, 0.0, c, delta) == 2 + 2 * c * n
