@@ -1,26 +1,57 @@
 """Federated algorithms as pure init/round pairs over a `ServerState`."""
 
+from jaxfl.algorithms.afl import afl
 from jaxfl.algorithms.base import (
     FederatedAlgorithm,
     ServerState,
     server_optimizer,
 )
-from jaxfl.algorithms.fedavg import fedavg, weighted_averaging_algorithm
+from jaxfl.algorithms.deltafl import deltafl
+from jaxfl.algorithms.fedavg import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    fedavg,
+    weighted_averaging_algorithm,
+)
+from jaxfl.algorithms.fedavg_sub import fedavg_sub
+from jaxfl.algorithms.fedprox import fedprox
+from jaxfl.algorithms.fedsgd import fedsgd
+from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.registry import (
     ALGORITHMS,
+    SPECS,
+    AlgorithmSpec,
     Engine,
     algorithm_names,
+    algorithm_spec,
     build_algorithm,
+    hparam_fields,
 )
+from jaxfl.algorithms.term import term
 
 __all__ = [
     "ALGORITHMS",
+    "SPECS",
+    "Aggregation",
+    "AlgorithmSpec",
+    "ClientPlan",
+    "Cohort",
     "Engine",
     "FederatedAlgorithm",
     "ServerState",
+    "afl",
     "algorithm_names",
+    "algorithm_spec",
     "build_algorithm",
+    "deltafl",
     "fedavg",
+    "fedavg_sub",
+    "fedprox",
+    "fedsgd",
+    "hparam_fields",
+    "qffl",
     "server_optimizer",
+    "term",
     "weighted_averaging_algorithm",
 ]

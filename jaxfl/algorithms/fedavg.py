@@ -1,4 +1,4 @@
-"""FedAvg (McMahan et al. 2017), and the weighted-averaging round it shares.
+"""FedAvg (McMahan et al. 2017), and the round template it shares.
 
 One round (004 Section 3.2; thesis Algorithm 1 with the experiments'
 weighting, `shared/notes/thesis-spec.md` section 2.2):
@@ -11,14 +11,31 @@ weighting, `shared/notes/thesis-spec.md` section 2.2):
 4. a server optimizer takes -Delta as its gradient (SGD with learning rate
    1 gives w_{t+1} = w_t + Delta, plain FedAvg).
 
-Algorithms that only change the weights of step 3 (Delta-FL, FedAvg-Sub,
-tilted ERM, ...) reuse `weighted_averaging_algorithm` with a `reweight`
-function.
+With `stragglers` > 0 (systems heterogeneity, thesis section 3.4.2,
+thesis-spec 3.4): that fraction of the cohort are stragglers, and FedAvg
+*drops* them: they do not train and get zero weight (FedProx keeps their
+partial work, `jaxfl.algorithms.fedprox`). With `stragglers` = 0 (the
+default) none of this is in the compiled round.
+
+The template: every algorithm of this package is `weighted_averaging_algorithm`
+with hooks that change what the server decides around local training,
+
+* `plan(cohort, state, key)`, before training: aggregation weights that are
+  known already, which clients train (`active`: the others run no steps, so
+  they cost nothing when clients run one at a time) and per-client epochs;
+  it may read F_i(w_t) (`plan_uses_loss`, computed in a pass before
+  training). Delta-FL, FedAvg-Sub and stragglers use it.
+* `aggregate(results, cohort, plan, state, key)`, after training: turns the
+  per-client updates into the server's update Delta (q-FFL, AFL).
+* `reweight(results, alpha, state, key)`, after training: only the weights
+  of step 3 (tilted ERM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +49,13 @@ from jaxfl.algorithms.base import (
     resolve_hparams,
     server_optimizer,
     tree_norm,
+)
+from jaxfl.algorithms.plans import (
+    check_straggler_epochs,
+    cohort_losses,
+    draw_stragglers,
+    num_stragglers,
+    random_subset_mask,
 )
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.cohort import (
@@ -53,16 +77,86 @@ LOCAL_HPARAM_DEFAULTS = {
     "l2": 0.0,  # lambda of (1 - lr*lambda) w - lr*grad.
 }
 
+
+class Cohort(NamedTuple):
+    """The round's sampled clients as the server knows them.
+
+    Attributes:
+      client_ids: `[M]` int32.
+      alpha: `[M]` data weights alpha_i (number of examples or 1).
+      initial_loss: `[M]` F_i(w_t) on each client's full data, or None when
+        the algorithm does not ask for it.
+      initial_error: `[M]` misclassification of w_t on each client, or None.
+    """
+
+    client_ids: jax.Array
+    alpha: jax.Array
+    initial_loss: jax.Array | None = None
+    initial_error: jax.Array | None = None
+
+
+class ClientPlan(NamedTuple):
+    """What the server decides before local training (all optional).
+
+    Attributes:
+      weights: `[M]` aggregation weights already known (normalized by the
+        default aggregation), or None: alpha.
+      active: `[M]` bool, the clients that train; the others run no local
+        step and get zero weight in the default aggregation. None: all.
+      num_epochs: `[M]` int32 local epochs per client (<= E), or None: E.
+      extra: the new algorithm-specific state, or None: unchanged.
+      metrics: extra round metrics, or None.
+    """
+
+    weights: jax.Array | None = None
+    active: jax.Array | None = None
+    num_epochs: jax.Array | None = None
+    extra: PyTree = None
+    metrics: Metrics | None = None
+
+
+class Aggregation(NamedTuple):
+    """The server's update from the cohort's results.
+
+    Attributes:
+      mean_delta: the update Delta fed to the server optimizer as -Delta.
+      weights: `[M]` the effective weight of each client (its count of
+        nonzero entries is the `clients_with_weight` metric).
+      extra: the new algorithm-specific state.
+      metrics: extra round metrics.
+    """
+
+    mean_delta: Params
+    weights: jax.Array
+    extra: PyTree
+    metrics: Metrics
+
+
 # reweight(results, alpha, state, key) -> (weights [M], extra, metrics)
 Reweight = Callable[
     [CohortResults, jax.Array, ServerState, Key], tuple[jax.Array, PyTree, Metrics]
 ]
+# plan(cohort, state, key) -> ClientPlan
+Plan = Callable[[Cohort, ServerState, Key], ClientPlan]
+# aggregate(results, cohort, plan, state, key) -> Aggregation; `state.extra`
+# is already the plan's.
+Aggregate = Callable[
+    [CohortResults, Cohort, ClientPlan, ServerState, Key], Aggregation
+]
+
+
+def default_weights(cohort: Cohort, plan: ClientPlan) -> jax.Array:
+    """The plan's weights (alpha if none), zero for clients that did not train."""
+    weights = cohort.alpha if plan.weights is None else plan.weights
+    if plan.active is not None:
+        weights = jnp.where(plan.active, weights, 0.0)
+    return weights
 
 
 def weighted_averaging_algorithm(
     name: str,
     task: Task,
-    local: LocalTraining,
+    local: LocalTraining | Callable[[ClientPopulation], LocalTraining],
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
@@ -70,24 +164,34 @@ def weighted_averaging_algorithm(
     client_weighting: str = "num_examples",
     reweight: Reweight | None = None,
     with_initial_loss: bool = False,
+    plan: Plan | None = None,
+    plan_uses_loss: bool = False,
+    aggregate: Aggregate | None = None,
     extra_hparam_defaults: Mapping[str, float] | None = None,
     init_extra: Callable[[Params], PyTree] = lambda params: (),
     proximal: bool = False,
     use_l2: bool = True,
 ) -> FederatedAlgorithm:
-    """Builds a round that averages client updates with computed weights.
+    """Builds a round that samples, plans, trains, aggregates, steps.
 
     Args:
       name: registry name.
       task: model and loss.
-      local: static local-training shape.
+      local: static local-training shape, or a function of the training
+        population giving it (FedSGD's full batch needs the largest client's
+        size, a static property of the population).
       clients_per_round: M.
       strategy: how clients are laid out on the hardware.
       server_tx: server optimizer (default SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       reweight: turns per-client results and alpha into aggregation weights
-        (default: alpha itself, i.e. FedAvg).
-      with_initial_loss: compute F_i(w_t) before local training.
+        (default: the plan's weights, else alpha, i.e. FedAvg).
+      with_initial_loss: compute F_i(w_t) with local training (one pass);
+        hooks find it in `cohort.initial_loss` (and `results.initial_loss`).
+      plan: decides weights, active clients and epochs before training.
+      plan_uses_loss: compute F_i(w_t) before training, for the plan.
+      aggregate: computes the server update from the results (default: the
+        weighted mean of the updates with `reweight`'s or the plan's weights).
       extra_hparam_defaults: numeric hyperparameters of the algorithm.
       init_extra: initial algorithm-specific state.
       proximal: include FedProx's proximal term (hyperparameter 'mu').
@@ -95,6 +199,9 @@ def weighted_averaging_algorithm(
 
     Returns:
       The `FederatedAlgorithm`.
+
+    Raises:
+      ValueError: invalid static settings.
     """
     if clients_per_round < 1:
         raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
@@ -102,6 +209,10 @@ def weighted_averaging_algorithm(
         raise ValueError(
             f"client_weighting must be 'num_examples' or 'uniform', got {client_weighting!r}"
         )
+    if reweight is not None and aggregate is not None:
+        raise ValueError("give either reweight or aggregate, not both")
+    if plan_uses_loss and plan is None:
+        raise ValueError("plan_uses_loss needs a plan")
     server_tx = server_tx or server_optimizer("sgd", 1.0)
     defaults = {**LOCAL_HPARAM_DEFAULTS, **(extra_hparam_defaults or {})}
     if proximal:
@@ -116,6 +227,13 @@ def weighted_averaging_algorithm(
             extra=init_extra(params),
         )
 
+    def default_aggregate(results, cohort, client_plan, state, key):
+        if reweight is None:
+            weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
+        else:
+            weights, extra, metrics = reweight(results, cohort.alpha, state, key)
+        return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
+
     def round_fn(
         state: ServerState, population: ClientPopulation, key: Key
     ) -> tuple[ServerState, Metrics]:
@@ -125,7 +243,15 @@ def weighted_averaging_algorithm(
                 f"{population.num_clients} training clients"
             )
         keys = round_keys(key, state.round)
+        plan_key, aggregate_key = jax.random.split(keys.server)
         client_ids = sample_cohort(keys.sampling, population, clients_per_round)
+        cohort = Cohort(client_ids, population.client_weights(client_weighting)[client_ids])
+        if plan_uses_loss:
+            losses, errors = cohort_losses(task, strategy, state.params, population, client_ids)
+            cohort = cohort._replace(initial_loss=losses, initial_error=errors)
+        client_plan = ClientPlan() if plan is None else plan(cohort, state, plan_key)
+        if client_plan.extra is not None:
+            state = dataclasses.replace(state, extra=client_plan.extra)
         hparams = LocalHParams(
             lr=local_learning_rate(state.hparams, state.round),
             l2=state.hparams["l2"] if use_l2 else None,
@@ -133,41 +259,96 @@ def weighted_averaging_algorithm(
         )
         results = train_cohort(
             task,
-            local,
+            local(population) if callable(local) else local,
             strategy,
             state.params,
             population,
             client_ids,
             keys.clients,
             hparams,
-            with_initial_loss=with_initial_loss,
+            with_initial_loss=with_initial_loss and not plan_uses_loss,
+            num_epochs=client_plan.num_epochs,
+            active=client_plan.active,
         )
-        alpha = population.client_weights(client_weighting)[client_ids]
-        if reweight is None:
-            weights, extra, extra_metrics = alpha, state.extra, {}
-        else:
-            weights, extra, extra_metrics = reweight(results, alpha, state, keys.server)
-        mean_delta = weighted_mean(results.deltas, weights)
-        params, opt_state = apply_server_update(server_tx, state, mean_delta)
+        if results.initial_loss is not None:
+            cohort = cohort._replace(
+                initial_loss=results.initial_loss, initial_error=results.initial_error
+            )
+        aggregation = (aggregate or default_aggregate)(
+            results, cohort, client_plan, state, aggregate_key
+        )
+        params, opt_state = apply_server_update(server_tx, state, aggregation.mean_delta)
+        trained = cohort.alpha
+        if client_plan.active is not None:
+            trained = jnp.where(client_plan.active, trained, 0.0)
         metrics = {
-            "train_loss": jnp.sum(alpha * results.mean_batch_loss) / jnp.sum(alpha),
-            "update_norm": tree_norm(mean_delta),
-            "clients_with_weight": jnp.sum(weights > 0).astype(jnp.int32),
+            # Mean minibatch loss of the clients that trained.
+            "train_loss": jnp.sum(trained * results.mean_batch_loss)
+            / jnp.maximum(jnp.sum(trained), jnp.finfo(jnp.float32).tiny),
+            "update_norm": tree_norm(aggregation.mean_delta),
+            "clients_with_weight": jnp.sum(aggregation.weights > 0).astype(jnp.int32),
             "local_steps": jnp.mean(results.num_steps.astype(jnp.float32)),
-            **extra_metrics,
         }
+        if cohort.initial_loss is not None:
+            # F(w_t) over the cohort, alpha-weighted: what the plan saw.
+            metrics["cohort_loss"] = jnp.sum(cohort.alpha * cohort.initial_loss) / jnp.sum(
+                cohort.alpha
+            )
+        metrics.update(client_plan.metrics or {})
+        metrics.update(aggregation.metrics)
         new_state = ServerState(
             round=state.round + 1,
             params=params,
             opt_state=opt_state,
             hparams=state.hparams,
-            extra=extra,
+            extra=aggregation.extra,
         )
         return new_state, metrics
 
     return FederatedAlgorithm(
         name=name, init=init, round=round_fn, hparam_defaults=defaults
     )
+
+
+def straggler_plan(
+    clients_per_round: int, stragglers: float, max_epochs: int, *, keep: bool
+) -> Plan | None:
+    """The plan of a cohort with stragglers, or None without any.
+
+    Args:
+      clients_per_round: M.
+      stragglers: fraction in [0, 1) of the cohort that straggles.
+      max_epochs: E.
+      keep: True (FedProx) keeps the stragglers' partial work, run for their
+        drawn epochs; False (FedAvg) drops them: they do not train.
+
+    Returns:
+      The plan, or None when no client straggles (nothing is compiled in).
+
+    Raises:
+      ValueError: stragglers outside [0, 1), or kept stragglers with E < 2.
+    """
+    count = num_stragglers(clients_per_round, stragglers)
+    if count == 0:
+        return None
+    if keep:
+        check_straggler_epochs(count, max_epochs)
+
+    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+        del state  # Unused.
+        if keep:
+            drawn = draw_stragglers(key, cohort.client_ids, count, max_epochs)
+            is_straggler = drawn.is_straggler
+            client_plan = ClientPlan(num_epochs=drawn.num_epochs)
+        else:
+            # The same choice of stragglers as `draw_stragglers` with this key.
+            choice_key, _ = jax.random.split(key)
+            is_straggler = random_subset_mask(choice_key, cohort.client_ids, count)
+            client_plan = ClientPlan(active=~is_straggler)
+        metrics = {"stragglers": jnp.sum(is_straggler).astype(jnp.int32)}
+        return client_plan._replace(metrics=metrics)
+
+    return plan
 
 
 def fedavg(
@@ -178,8 +359,19 @@ def fedavg(
     strategy: ClientStrategy,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
+    stragglers: float = 0.0,
 ) -> FederatedAlgorithm:
-    """Federated averaging (see the module docstring)."""
+    """Federated averaging (see the module docstring).
+
+    Args:
+      task, local, clients_per_round, strategy, server_tx, client_weighting:
+        as `weighted_averaging_algorithm`.
+      stragglers: fraction of each cohort that straggles and is dropped
+        (static; 0 compiles plain FedAvg).
+
+    Returns:
+      The `FederatedAlgorithm`.
+    """
     return weighted_averaging_algorithm(
         "fedavg",
         task,
@@ -188,4 +380,5 @@ def fedavg(
         strategy=strategy,
         server_tx=server_tx,
         client_weighting=client_weighting,
+        plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False),
     )

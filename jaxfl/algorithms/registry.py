@@ -1,8 +1,22 @@
-"""Algorithms by name, built from a run configuration.
+"""Algorithms by name, with what each takes from a run's configuration.
 
-Each entry turns the shared pieces (task, local-training shape, cohort size,
-client strategy, server optimizer, client weighting) and the run's numeric
-hyperparameters into a `FederatedAlgorithm` and its initial hyperparameters.
+Each entry (`AlgorithmSpec`) declares
+
+* how to build the algorithm from the shared pieces of a run (`Engine`: task,
+  local-training shape, cohort size, client strategy, server optimizer,
+  client weighting, number of training clients) and its static options;
+* which run settings are its numeric hyperparameters, put into
+  `ServerState.hparams` as traced scalars (a sweep vmaps the round over
+  them), beyond the local ones every algorithm takes ('lr', 'lr_decay',
+  'lr_decay_period', 'l2');
+* which run settings are static options (they change the compiled round),
+  with their defaults.
+
+Setting names are `jaxfl.experiment.config.RunConfig` field names, and the
+hyperparameter names in `state.hparams` are the same names. A built
+algorithm's `hparam_defaults` may hold only some of its declared
+hyperparameters (Delta-FL takes 'smoothing' only with the smoothed
+reweighting): `hparam_fields` says which apply.
 """
 
 from __future__ import annotations
@@ -13,15 +27,36 @@ from typing import Any
 
 import optax
 
+from jaxfl.algorithms.afl import afl
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.fedavg import fedavg
+from jaxfl.algorithms.deltafl import deltafl
+from jaxfl.algorithms.fedavg import LOCAL_HPARAM_DEFAULTS, fedavg
+from jaxfl.algorithms.fedavg_sub import fedavg_sub
+from jaxfl.algorithms.fedprox import fedprox
+from jaxfl.algorithms.fedsgd import fedsgd
+from jaxfl.algorithms.qffl import qffl
+from jaxfl.algorithms.term import term
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
+
+# The q of "AFL as q-FFL with large q" (004 Section 7.2, Appendix C.2).
+AFL_QFFL_Q = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """What every algorithm is built on (fixed for a run)."""
+    """What every algorithm is built on (fixed for a run).
+
+    Attributes:
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M.
+      strategy: how clients are laid out on the hardware.
+      server_tx: the server optimizer.
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      num_clients: N, the number of training clients (needed by algorithms
+        with per-client server state, e.g. AFL's mixture weights).
+    """
 
     task: Task
     local: LocalTraining
@@ -29,36 +64,185 @@ class Engine:
     strategy: ClientStrategy
     server_tx: optax.GradientTransformation
     client_weighting: str
+    num_clients: int | None = None
 
 
-# name -> (builder(engine, options) -> algorithm, one-line description)
 Builder = Callable[[Engine, Mapping[str, Any]], FederatedAlgorithm]
-ALGORITHMS: dict[str, tuple[Builder, str]] = {
-    "fedavg": (
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """A registry entry.
+
+    Attributes:
+      build: `(engine, options) -> FederatedAlgorithm`; `options` holds every
+        name of `options`, defaults filled in.
+      description: one line for `jaxfl list`.
+      hparams: run settings that are numeric hyperparameters of the
+        algorithm (beyond the local ones), in `state.hparams` under the same
+        names.
+      options: static options (run setting -> default).
+    """
+
+    build: Builder
+    description: str
+    hparams: tuple[str, ...] = ()
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _shared(engine: Engine) -> dict[str, Any]:
+    return dict(
+        strategy=engine.strategy,
+        server_tx=engine.server_tx,
+        client_weighting=engine.client_weighting,
+    )
+
+
+def _build_afl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    del options  # Unused.
+    if engine.num_clients is None:
+        raise ValueError("afl needs the number of training clients (Engine.num_clients)")
+    return afl(
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        engine.num_clients,
+        strategy=engine.strategy,
+        server_tx=engine.server_tx,
+    )
+
+
+SPECS: dict[str, AlgorithmSpec] = {
+    "fedavg": AlgorithmSpec(
         lambda engine, options: fedavg(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            strategy=engine.strategy,
-            server_tx=engine.server_tx,
-            client_weighting=engine.client_weighting,
+            engine.task, engine.local, engine.clients_per_round,
+            stragglers=options["stragglers"], **_shared(engine),
         ),
-        "FedAvg (McMahan et al. 2017): average of local SGD updates",
+        "FedAvg (McMahan et al. 2017): average of local SGD updates; drops stragglers",
+        options={"stragglers": 0.0},
     ),
+    "fedavg-sub": AlgorithmSpec(
+        lambda engine, options: fedavg_sub(
+            engine.task, engine.local, engine.clients_per_round, **_shared(engine)
+        ),
+        "FedAvg on a random fraction theta of each cohort (004 Section 7.2)",
+        hparams=("theta",),
+    ),
+    "fedsgd": AlgorithmSpec(
+        lambda engine, options: fedsgd(
+            engine.task, engine.clients_per_round, **_shared(engine)
+        ),
+        "FedSGD: one full-batch gradient per client, averaged, one server step",
+    ),
+    "fedprox": AlgorithmSpec(
+        lambda engine, options: fedprox(
+            engine.task, engine.local, engine.clients_per_round,
+            stragglers=options["stragglers"], **_shared(engine),
+        ),
+        "FedProx (thesis ch. 3): proximal term mu; keeps stragglers' partial work",
+        hparams=("mu",),
+        options={"stragglers": 0.0},
+    ),
+    "qffl": AlgorithmSpec(
+        lambda engine, options: qffl(
+            engine.task, engine.local, engine.clients_per_round,
+            variant=options["qffl_variant"], **_shared(engine),
+        ),
+        "q-FFL (thesis ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
+        hparams=("q",),
+        options={"qffl_variant": "fedavg"},
+    ),
+    "afl": AlgorithmSpec(
+        _build_afl,
+        "AFL (Mohri et al. 2019): minimax over client mixture weights lambda",
+        hparams=("afl_lambda_lr",),
+    ),
+    "afl-qffl": AlgorithmSpec(
+        lambda engine, options: qffl(
+            engine.task, engine.local, engine.clients_per_round,
+            variant=options["qffl_variant"], q=AFL_QFFL_Q, name="afl-qffl",
+            **_shared(engine),
+        ),
+        "AFL as q-FFL with large q (q = 10; 004 Section 7.2, Appendix C.2)",
+        hparams=("q",),
+        options={"qffl_variant": "fedavg"},
+    ),
+    "term": AlgorithmSpec(
+        lambda engine, options: term(
+            engine.task, engine.local, engine.clients_per_round, **_shared(engine)
+        ),
+        "Tilted ERM at the client level (thesis ch. 7): weights softmax(t F_i)",
+        hparams=("tilt",),
+    ),
+    "deltafl": AlgorithmSpec(
+        lambda engine, options: deltafl(
+            engine.task, engine.local, engine.clients_per_round,
+            reweighting=options["reweighting"], filtering=options["filtering"],
+            dp_bins=options["dp_bins"], dp_bits=options["dp_bits"],
+            **_shared(engine),
+        ),
+        "Delta-FL (004, 000): superquantile of client losses, tail fraction theta",
+        hparams=(
+            "theta", "threshold_period", "smoothing",
+            "dp_loss_bound", "dp_sigma", "dp_scale",
+        ),
+        options={
+            "reweighting": "exact",
+            "filtering": "server",
+            "dp_bins": 32,
+            "dp_bits": 32,
+        },
+    ),
+}
+
+# name -> (builder, description): the registry's original shape, kept for
+# callers that only list names and descriptions.
+ALGORITHMS: dict[str, tuple[Builder, str]] = {
+    name: (spec.build, spec.description) for name, spec in SPECS.items()
 }
 
 
 def algorithm_names() -> list[str]:
-    return list(ALGORITHMS)
+    return list(SPECS)
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    """The entry registered as `name`; ValueError lists valid names."""
+    if name not in SPECS:
+        raise ValueError(
+            f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}"
+        )
+    return SPECS[name]
 
 
 def build_algorithm(
     name: str, engine: Engine, options: Mapping[str, Any] | None = None
 ) -> FederatedAlgorithm:
-    """The algorithm registered as `name`; ValueError lists valid names."""
-    if name not in ALGORITHMS:
+    """Builds the algorithm registered as `name`.
+
+    Args:
+      name: registry name.
+      engine: the shared pieces.
+      options: static options (missing ones take the entry's defaults).
+
+    Returns:
+      The `FederatedAlgorithm`.
+
+    Raises:
+      ValueError: an unknown name or option, or an invalid option value.
+    """
+    spec = algorithm_spec(name)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
         raise ValueError(
-            f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}"
+            f"{name} has no option {', '.join(unknown)}; its options: "
+            f"{', '.join(spec.options) or 'none'}"
         )
-    builder, _ = ALGORITHMS[name]
-    return builder(engine, options or {})
+    return spec.build(engine, {**spec.options, **options})
+
+
+def hparam_fields(name: str, algorithm: FederatedAlgorithm) -> tuple[str, ...]:
+    """The run settings that go into this built algorithm's `state.hparams`."""
+    declared = (*LOCAL_HPARAM_DEFAULTS, *algorithm_spec(name).hparams)
+    return tuple(field for field in declared if field in algorithm.hparam_defaults)

@@ -80,6 +80,76 @@ class RunConfig:
     client_weighting: str = _field(
         "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
     )
+    # Algorithm settings (jaxfl.algorithms.registry says which algorithm
+    # takes which; the numeric ones become state.hparams of the same name).
+    theta: float = _field(
+        0.5,
+        "deltafl: tail fraction theta of the superquantile; fedavg-sub: "
+        "fraction of each cohort that trains",
+        low=0.0, high=1.0, low_open=True,
+    )
+    mu: float = _field(0.01, "fedprox: proximal weight mu", low=0.0)
+    q: float | None = _field(
+        None,
+        "qffl, afl-qffl: exponent q of q-FFL (unset: 1 for qffl, 10 for afl-qffl)",
+        low=0.0, optional=True,
+    )
+    tilt: float = _field(
+        1.0, "term: tilt t of the client-level tilted risk (t -> 0 is FedAvg)"
+    )
+    reweighting: str = _field(
+        "exact",
+        "deltafl: client weights from the losses: threshold (004 Alg. 1), exact "
+        "(Alg. 3), dp (Alg. 1 with the DP quantile of Alg. 2), smoothed (eq. 15)",
+        choices=("threshold", "exact", "dp", "smoothed"),
+    )
+    smoothing: float = _field(
+        0.1, "deltafl --reweighting smoothed: KL smoothing nu",
+        low=0.0, low_open=True,
+    )
+    threshold_period: int = _field(
+        1, "deltafl --reweighting threshold|dp: recompute the threshold every "
+        "T_eta rounds (000), reuse it in between", low=1,
+    )
+    filtering: str = _field(
+        "server",
+        "deltafl --reweighting threshold|dp: the server filters clients, or "
+        "clients filter themselves on the broadcast threshold (000 Alg. 3)",
+        choices=("server", "client"),
+    )
+    stragglers: float = _field(
+        0.0,
+        "fedprox, fedavg: fraction of each cohort that straggles (runs 1..E-1 "
+        "epochs); fedprox keeps their work, fedavg drops them",
+        low=0.0, high=1.0, high_open=True,
+    )
+    qffl_variant: str = _field(
+        "fedavg", "qffl, afl-qffl: q-FedAvg or q-FedSGD (one full-batch step)",
+        choices=("fedavg", "fedsgd"),
+    )
+    afl_lambda_lr: float = _field(
+        0.01, "afl: step size gamma_lambda of the ascent on the mixture weights",
+        low=0.0, low_open=True,
+    )
+    dp_bins: int = _field(
+        32, "deltafl --reweighting dp: histogram bins b (a power of two)",
+        low=2, high=2**16,
+    )
+    dp_loss_bound: float = _field(
+        3.0, "deltafl --reweighting dp: losses are clipped to [0, B]",
+        low=0.0, low_open=True,
+    )
+    dp_sigma: float = _field(
+        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma per client",
+        low=0.0,
+    )
+    dp_scale: int = _field(
+        10, "deltafl --reweighting dp: integer scaling c of the histograms", low=1,
+    )
+    dp_bits: int = _field(
+        32, "deltafl --reweighting dp: the secure sum is modulo 2^bits",
+        low=2, high=32,
+    )
     strategy: str = _field(
         "auto",
         "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
@@ -177,6 +247,10 @@ def check_value(name: str, value: Any) -> Any:
         raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
     if high is not None and (value > high or (meta["high_open"] and value == high)):
         raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
+    if name == "dp_bins" and value & (value - 1):
+        raise ConfigError(
+            f"dp_bins must be a power of two {_range_text(meta)}, got {value!r}"
+        )
     return value
 
 

@@ -9,6 +9,7 @@ and their summaries) is one more compiled function.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,14 @@ import jax
 import numpy as np
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, server_optimizer
-from jaxfl.algorithms.registry import Engine, algorithm_names, build_algorithm
+from jaxfl.algorithms.registry import (
+    SPECS,
+    Engine,
+    algorithm_names,
+    algorithm_spec,
+    build_algorithm,
+    hparam_fields,
+)
 from jaxfl.data.population import ClientPopulation, FederatedDataset
 from jaxfl.data.registry import load_dataset
 from jaxfl.evaluation.per_client import per_client_metrics
@@ -36,7 +44,8 @@ class Setup:
     dataset: FederatedDataset
     engine: Engine
     algorithms: dict[str, FederatedAlgorithm]
-    hparams: dict[str, float]
+    hparams: dict[str, dict[str, float]]  # algorithm name -> its init hparams
+    ignored_settings: tuple[str, ...] = ()  # set, but no chosen algorithm uses them
 
 
 @dataclasses.dataclass
@@ -78,6 +87,49 @@ def local_hparams(config: RunConfig) -> dict[str, float]:
         "lr_decay_period": float(config.lr_decay_period),
         "l2": config.l2,
     }
+
+
+def algorithm_options(config: RunConfig, name: str) -> dict[str, Any]:
+    """The static options of algorithm `name`, read from the run's settings."""
+    return {option: getattr(config, option) for option in algorithm_spec(name).options}
+
+
+def algorithm_hparams(
+    config: RunConfig, name: str, algorithm: FederatedAlgorithm
+) -> dict[str, float]:
+    """The initial `state.hparams` of a built algorithm, from the run's settings.
+
+    The local ones, and those of its registry entry that it takes; a setting
+    left unset (None, e.g. q) keeps the algorithm's own default.
+    """
+    values = {**local_hparams(config)}
+    for field in hparam_fields(name, algorithm):
+        value = getattr(config, field)
+        if value is not None and field not in values:
+            values[field] = float(value)
+    return values
+
+
+def ignored_settings(
+    config: RunConfig, algorithms: dict[str, FederatedAlgorithm]
+) -> tuple[str, ...]:
+    """Algorithm settings changed from their default that no chosen algorithm uses.
+
+    Such a setting is accepted and ignored (a comparison of several
+    algorithms shares one configuration); `setup` prints a warning for each.
+    """
+    defaults = RunConfig()
+    settings = sorted(
+        {f for spec in SPECS.values() for f in (*spec.hparams, *spec.options)}
+    )
+    used = set()
+    for name, algorithm in algorithms.items():
+        used.update(hparam_fields(name, algorithm), algorithm_spec(name).options)
+    return tuple(
+        field
+        for field in settings
+        if field not in used and getattr(config, field) != getattr(defaults, field)
+    )
 
 
 def setup(config: RunConfig) -> Setup:
@@ -125,24 +177,40 @@ def setup(config: RunConfig) -> Setup:
             config.server_optimizer, config.server_lr, momentum=config.server_momentum
         ),
         client_weighting=config.client_weighting,
+        num_clients=num_train,
     )
-    algorithms = {name: build_algorithm(name, engine) for name in config.algorithms}
-    return Setup(config, dataset, engine, algorithms, local_hparams(config))
+    algorithms, hparams = {}, {}
+    for name in config.algorithms:
+        try:
+            algorithms[name] = build_algorithm(
+                name, engine, algorithm_options(config, name)
+            )
+        except ValueError as error:
+            raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
+        hparams[name] = algorithm_hparams(config, name, algorithms[name])
+    ignored = ignored_settings(config, algorithms)
+    for field in ignored:
+        print(
+            f"jaxfl: warning: {field} is not used by {', '.join(config.algorithms)}; "
+            "ignored",
+            file=sys.stderr,
+        )
+    return Setup(config, dataset, engine, algorithms, hparams, ignored)
 
 
 def make_evaluator(
-    task: Task, dataset: FederatedDataset, client_weighting: str
+    task: Task, dataset: FederatedDataset, client_weighting: str, *, batched: bool = False
 ) -> Callable[[Any], tuple[dict, dict]]:
     """A compiled `params -> (summaries, per-client metrics)` for the dataset.
 
     Training clients' summaries are weighted by alpha_i; test and validation
-    clients count equally (004 Appendix C.3).
+    clients count equally (004 Appendix C.3). With `batched=True` the
+    parameters carry a leading sweep axis and every output gains that axis.
     """
     populations = {"train": dataset.train, "test": dataset.test}
     if dataset.validation is not None:
         populations["validation"] = dataset.validation
 
-    @jax.jit
     def evaluate(params, populations: dict[str, ClientPopulation]):
         summaries, clients = {}, {}
         for name, population in populations.items():
@@ -155,15 +223,21 @@ def make_evaluator(
             clients[name] = {"loss": metrics.loss, "error": metrics.error}
         return summaries, clients
 
+    if batched:
+        evaluate = jax.vmap(evaluate, in_axes=(0, None))
+    evaluate = jax.jit(evaluate)
+
     def run(params):
         summaries, clients = jax.device_get(evaluate(params, populations))
-        summaries = {
-            group: {k: float(v) for k, v in stats.items()}
-            for group, stats in summaries.items()
-        }
+        if not batched:
+            summaries = {
+                group: {k: float(v) for k, v in stats.items()}
+                for group, stats in summaries.items()
+            }
+        ordered = {}
         for name, population in populations.items():
-            clients[name]["num_examples"] = np.asarray(population.counts)
-        return summaries, clients
+            ordered[name] = {"num_examples": np.asarray(population.counts), **clients[name]}
+        return summaries, ordered
 
     return run
 
@@ -194,7 +268,7 @@ def run_algorithm(
     strategy = engine.strategy
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
     params = engine.task.model.init(init_key)
-    state = strategy.replicate(algorithm.init(params, run_setup.hparams))
+    state = strategy.replicate(algorithm.init(params, run_setup.hparams[name]))
     train = strategy.replicate(run_setup.dataset.train)
     round_fn = jax.jit(algorithm.round, donate_argnums=0)
     evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)

@@ -1,0 +1,159 @@
+"""Agnostic federated learning, AFL (Mohri, Sivek, Suresh, ICML 2019).
+
+Objective: min_w max_{lambda in simplex} sum_k lambda_k F_k(w), the worst
+mixture of the N training clients (Delta-FL's objective as theta -> 0, 004
+Section 7.2; q-FFL's as q -> infinity, thesis section 4.3.3).
+
+Stochastic gradient descent-ascent, as in Mohri et al.'s Stochastic-AFL and
+the authors' implementation used by the thesis (`shared/notes/thesis-spec.md`
+section 4.6: w <- w - gamma_w sum_k lambda_k g_k, lambda <- Proj(lambda +
+gamma_lambda F)), on the engine's uniformly sampled cohort S of m clients:
+
+* w step: each client of S runs the usual local training from w_t and the
+  server averages the updates with the mixture weights,
+  Delta = sum_{k in S} lambda_k (w_k - w_t) / sum_{k in S} lambda_k
+  (with one local full-batch step, as in the thesis's runs, w_k - w_t =
+  -gamma_w grad F_k(w_t): gamma_w is the local learning rate);
+* lambda step: projected gradient ascent with the unbiased estimate of the
+  loss vector from the cohort, g_k = (N / m) F_k(w_t) for k in S and 0
+  elsewhere (F_k on all of client k's data at w_t, before training):
+  lambda <- Proj_simplex(lambda + gamma_lambda g), the Euclidean projection
+  (`optax.projections.projection_simplex`).
+
+Both steps use (w_t, lambda_t). lambda (all N clients) starts uniform and
+lives in `state.extra['lambda']`. With m = N both are exactly the full
+deterministic version the thesis ran; with lambda uniform and gamma_lambda
+= 0, AFL is FedAvg with uniform weights. The data weights alpha (client
+weighting) are not used: the mixture weights replace them. If every client
+of a cohort has lambda_k = 0 the round makes no w update (a zero weighted
+mean; `clients_with_weight` = 0 records it). The model evaluated is the last
+iterate, as for every algorithm here (Mohri et al. and the thesis's code
+report the average of the iterates).
+
+The papers' practical stand-in, "AFL as q-FFL with large q" (q = 10; 004
+Section 7.2 and Appendix C.2), is `jaxfl.algorithms.qffl` under the
+registry name 'afl-qffl'.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+from optax.projections import projection_simplex
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.fedavg import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    weighted_averaging_algorithm,
+)
+from jaxfl.training.cohort import CohortResults, weighted_mean
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key
+
+
+def lambda_ascent(
+    mixture: jnp.ndarray,
+    client_ids: jnp.ndarray,
+    losses: jnp.ndarray,
+    step_size,
+) -> jnp.ndarray:
+    """One projected stochastic gradient ascent step on the mixture weights.
+
+    Args:
+      mixture: `[N]` lambda in the simplex.
+      client_ids: `[M]` the cohort (distinct).
+      losses: `[M]` their F_k(w_t).
+      step_size: gamma_lambda.
+
+    Returns:
+      `[N]` Proj_simplex(lambda + gamma_lambda g), g = (N / M) F on the
+      cohort and 0 elsewhere.
+    """
+    scale = mixture.shape[0] / client_ids.shape[0]
+    gradient = jnp.zeros_like(mixture).at[client_ids].add(scale * losses)
+    return projection_simplex(mixture + step_size * gradient)
+
+
+def afl(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    num_clients: int,
+    *,
+    strategy: ClientStrategy,
+    server_tx: optax.GradientTransformation | None = None,
+) -> FederatedAlgorithm:
+    """AFL by stochastic gradient descent-ascent (see the module docstring).
+
+    Numeric hyperparameters: the local ones ('lr' is gamma_w) and
+    'afl_lambda_lr' (gamma_lambda > 0, default 0.01).
+
+    Args:
+      task, local, clients_per_round, strategy, server_tx: as
+        `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      num_clients: N, the training clients the mixture is over; the round
+        must be given a population of that size.
+
+    Returns:
+      The `FederatedAlgorithm`.
+
+    Raises:
+      ValueError: num_clients < clients_per_round (at build time), or a
+        population of another size (in the round).
+    """
+    if num_clients < clients_per_round:
+        raise ValueError(
+            f"afl: num_clients={num_clients} is below clients_per_round={clients_per_round}"
+        )
+
+    def aggregate(
+        results: CohortResults,
+        cohort: Cohort,
+        plan: ClientPlan,
+        state: ServerState,
+        key: Key,
+    ) -> Aggregation:
+        del plan, key  # Unused.
+        mixture = state.extra["lambda"]
+        if mixture.shape[0] != num_clients:  # Static: shapes are known.
+            raise ValueError(
+                f"afl was built for {num_clients} clients, its state holds "
+                f"{mixture.shape[0]} mixture weights"
+            )
+        weights = mixture[cohort.client_ids]
+        new_mixture = lambda_ascent(
+            mixture, cohort.client_ids, cohort.initial_loss, state.hparams["afl_lambda_lr"]
+        )
+        metrics = {"lambda_max": jnp.max(new_mixture)}
+        return Aggregation(
+            weighted_mean(results.deltas, weights), weights, {"lambda": new_mixture}, metrics
+        )
+
+    algorithm = weighted_averaging_algorithm(
+        "afl",
+        task,
+        local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting="uniform",
+        with_initial_loss=True,
+        aggregate=aggregate,
+        extra_hparam_defaults={"afl_lambda_lr": 0.01},
+        init_extra=lambda params: {
+            "lambda": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
+        },
+    )
+
+    def round_fn(state, population, key):
+        if population.num_clients != num_clients:
+            raise ValueError(
+                f"afl was built for {num_clients} training clients, got a "
+                f"population of {population.num_clients}"
+            )
+        return algorithm.round(state, population, key)
+
+    return algorithm._replace(round=round_fn)

@@ -1,0 +1,61 @@
+"""FedSGD: federated (full-batch) gradient descent (thesis-spec section 2.4).
+
+Every sampled client computes one gradient of F_k on all its local data at
+w_t, and the server steps with the alpha-weighted mean gradient and the
+local learning rate:
+
+    w_{t+1} = w_t - lr * sum_k alpha_k grad F_k(w_t) / sum_k alpha_k
+
+(plus the l2 term, w_t (1 - lr l2), when l2 > 0). With alpha = number of
+examples this is gradient descent on the pooled data of the cohort.
+
+Implemented as FedAvg whose local training is a single step with a batch as
+large as the largest client (`population.max_count`): one epoch of that
+batch size is exactly one full-batch step for every client, so its update
+is -lr grad F_k(w_t). The run's batch size and local epochs are therefore
+not used. q-FedSGD (`jaxfl.algorithms.qffl`) uses the same local step.
+"""
+
+from __future__ import annotations
+
+import optax
+
+from jaxfl.algorithms.base import FederatedAlgorithm
+from jaxfl.algorithms.fedavg import weighted_averaging_algorithm
+from jaxfl.data.population import ClientPopulation
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+
+
+def full_batch_step(population: ClientPopulation) -> LocalTraining:
+    """One local step on all of a client's data, for every client."""
+    return LocalTraining(batch_size=population.max_count, num_epochs=1, max_steps=1)
+
+
+def fedsgd(
+    task: Task,
+    clients_per_round: int,
+    *,
+    strategy: ClientStrategy,
+    server_tx: optax.GradientTransformation | None = None,
+    client_weighting: str = "num_examples",
+) -> FederatedAlgorithm:
+    """FedSGD (see the module docstring).
+
+    Args:
+      task, clients_per_round, strategy, server_tx, client_weighting: as
+        `jaxfl.algorithms.fedavg.weighted_averaging_algorithm` (there is no
+        local-training shape: it is one full-batch step).
+
+    Returns:
+      The `FederatedAlgorithm`.
+    """
+    return weighted_averaging_algorithm(
+        "fedsgd",
+        task,
+        full_batch_step,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting=client_weighting,
+    )

@@ -1,0 +1,162 @@
+"""q-FFL by q-FedAvg and q-FedSGD (Li et al. 2020; thesis chapter 4).
+
+Objective (thesis eq. 4.1): minimize sum_k p_k F_k(w)^(q+1) / (q + 1),
+q >= 0; larger q weights the clients of larger loss more, q = 0 is FedAvg's
+objective and q -> infinity tends to AFL's minimax.
+
+q-FedAvg (thesis Algorithm 4; `shared/notes/thesis-spec.md` sections 4.4
+and 11.2): every sampled client k computes F_k = F_k(w_t) on all its local
+data *before* training, runs the usual local SGD from w_t to w_k, and with
+L = 1 / lr (lr: this round's local learning rate, thesis-spec 4.2) and
+Delta w_k = L (w_t - w_k):
+
+    Delta_k = F_k^q Delta w_k,
+    h_k     = q F_k^(q-1) ||Delta w_k||^2 + L F_k^q
+            = q F_k^(q-1) L^2 ||w_t - w_k||^2 + L F_k^q,
+    w_{t+1} = w_t - sum_k alpha_k Delta_k / sum_k alpha_k h_k,
+
+with F_k + 1e-10 in place of F_k (the authors' code, thesis-spec 4.3).
+
+q-FedSGD (thesis Algorithm 3): the same with Delta w_k = grad F_k(w_t), the
+full-local-data gradient (thesis-spec 4.3 and 12.10). It is q-FedAvg whose
+local training is FedSGD's single full-batch step (`jaxfl.algorithms.fedsgd`):
+then L (w_t - w_k) = grad F_k(w_t) exactly.
+
+Sampling and weights: the thesis samples clients with probability p_k (in
+its experiments proportional to n_k) and sums uniformly over them. The
+engine samples uniformly, so the data weights alpha_k (the run's client
+weighting) multiply both sums instead: with `client_weighting='uniform'`
+this is exactly the thesis's algorithm under uniform sampling, and for
+every weighting q = 0 gives h_k = L and w_{t+1} = w_t + sum alpha_k (w_k -
+w_t) / sum alpha_k, FedAvg with the same weights. The update goes through
+the server optimizer as -Delta, like FedAvg's (SGD with learning rate 1 is
+the thesis's rule).
+
+"AFL as q-FFL with large q" (004 Section 7.2 and Appendix C.2: q = 10, "more
+stable convergence with similar performance" than AFL) is the registry entry
+'afl-qffl': this algorithm with q = 10 by default.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.fedavg import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    weighted_averaging_algorithm,
+)
+from jaxfl.algorithms.fedsgd import full_batch_step
+from jaxfl.training.cohort import CohortResults
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key, Params
+
+VARIANTS = ("fedavg", "fedsgd")
+# Added to F_k so that F_k^(q-1) stays finite at F_k = 0 (the authors' code).
+LOSS_OFFSET = 1e-10
+
+
+def per_client_sq_norm(deltas: Params) -> jax.Array:
+    """`[M]` ||delta_k||^2 of stacked per-client pytrees."""
+    leaves = jax.tree.leaves(deltas)
+    return sum(jnp.sum(jnp.reshape(x, (x.shape[0], -1)) ** 2, axis=1) for x in leaves)
+
+
+def qffl_coefficients(losses, sq_norms, alpha, q, lipschitz):
+    """Coefficients c_k with w_{t+1} - w_t = sum_k c_k (w_k - w_t).
+
+    c_k = alpha_k L F_k^q / sum_j alpha_j h_j, h_j = q F_j^(q-1) L^2
+    ||w_j - w_t||^2 + L F_j^q (thesis Algorithm 4, see the module docstring).
+
+    Args:
+      losses: `[M]` F_k(w_t).
+      sq_norms: `[M]` ||w_k - w_t||^2.
+      alpha: `[M]` data weights.
+      q: q >= 0.
+      lipschitz: L = 1 / lr.
+
+    Returns:
+      `[M]` coefficients (they need not sum to 1).
+    """
+    shifted = losses + LOSS_OFFSET
+    powered = shifted**q  # F^q
+    h = q * (powered / shifted) * lipschitz**2 * sq_norms + lipschitz * powered
+    return alpha * lipschitz * powered / jnp.sum(alpha * h)
+
+
+def qffl(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    *,
+    strategy: ClientStrategy,
+    server_tx: optax.GradientTransformation | None = None,
+    client_weighting: str = "num_examples",
+    variant: str = "fedavg",
+    q: float = 1.0,
+    name: str = "qffl",
+) -> FederatedAlgorithm:
+    """q-FedAvg or q-FedSGD (see the module docstring).
+
+    Numeric hyperparameters: the local ones and 'q' >= 0 (default `q`).
+
+    Args:
+      task, local, clients_per_round, strategy, server_tx, client_weighting:
+        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm` (`local`
+        is not used by q-FedSGD, whose local step is one full-batch step).
+      variant: 'fedavg' (q-FedAvg, thesis Algorithm 4) or 'fedsgd'
+        (q-FedSGD, Algorithm 3).
+      q: the default of the hyperparameter q.
+      name: registry name.
+
+    Returns:
+      The `FederatedAlgorithm`.
+
+    Raises:
+      ValueError: an unknown variant or a negative q.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"qffl_variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    if not q >= 0:
+        raise ValueError(f"q must be >= 0, got {q}")
+
+    def aggregate(
+        results: CohortResults,
+        cohort: Cohort,
+        plan: ClientPlan,
+        state: ServerState,
+        key: Key,
+    ) -> Aggregation:
+        del plan, key  # Unused.
+        lipschitz = 1.0 / local_learning_rate(state.hparams, state.round)
+        coefficients = qffl_coefficients(
+            cohort.initial_loss,
+            per_client_sq_norm(results.deltas),
+            cohort.alpha,
+            state.hparams["q"],
+            lipschitz,
+        )
+        mean_delta = jax.tree.map(
+            lambda x: jnp.tensordot(coefficients, x, axes=(0, 0)).astype(x.dtype),
+            results.deltas,
+        )
+        metrics = {"step_scale": jnp.sum(coefficients)}
+        return Aggregation(mean_delta, coefficients, state.extra, metrics)
+
+    return weighted_averaging_algorithm(
+        name,
+        task,
+        full_batch_step if variant == "fedsgd" else local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting=client_weighting,
+        with_initial_loss=True,
+        aggregate=aggregate,
+        extra_hparam_defaults={"q": q},
+    )
