@@ -1,0 +1,197 @@
+"""Pallas kernel: the clients' noisy hierarchical histograms and their secure sum.
+
+The hot path of `jaxfl.primitives.dp_quantile` (004 Algorithm 2, lines 1-3):
+every client i one-hot encodes its level-0 bin in the 2b - 2 nodes of the
+tree, scales by c, adds its discrete Gaussian noise and reduces modulo M; the
+secure sum adds the n messages modulo M. The reference materializes the
+[n, 2b - 2] messages; the kernel builds each block of clients' messages in
+registers/VMEM and accumulates their modular sum, so only the noise is read
+from memory. Sampling the noise stays outside (the discrete Gaussian sampler
+is a rejection loop, and Pallas PRNG is TPU-only).
+
+`noisy_histogram_sum_kernel` is the kernel body, `noisy_histogram_sum` the
+jitted wrapper (with `interpret=True` it runs on CPU), and
+`noisy_histogram_sum_reference` the pure-jnp reference with the same
+signature. `jaxfl.primitives` does not call this kernel (see
+docs/primitives.md: no accelerator measurement exists yet).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jaxfl.primitives._validation import check_power_of_two
+from jaxfl.primitives.dp_quantile import (
+    MAX_MODULUS,
+    add_mod,
+    check_modulus,
+    mod_signed,
+    node_indices,
+    sum_mod,
+    tree_size,
+)
+from jaxfl.primitives.histogram import num_levels
+
+
+def _level_offsets(num_bins: int) -> list[int]:
+    sizes = [num_bins >> r for r in range(num_levels(num_bins))]
+    return [int(v) for v in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
+
+
+def _block_sum_mod(rows: jax.Array, modulus: int) -> jax.Array:
+    """Sum of a [rows, width] uint32 block along rows, modulo M (rows a power of 2)."""
+    if modulus & (modulus - 1) == 0:
+        total = jnp.sum(rows, axis=0, dtype=jnp.uint32)
+        return total if modulus == MAX_MODULUS else total & jnp.uint32(modulus - 1)
+    while rows.shape[0] > 1:
+        half = rows.shape[0] // 2
+        rows = add_mod(rows[:half], rows[half:], modulus)
+    return rows[0]
+
+
+def noisy_histogram_sum_kernel(
+    bins_ref, noise_ref, scale_ref, out_ref, *, num_bins: int, modulus: int
+):
+    """One block of clients: out += sum_i ((c x_i + xi_i) mod M), modulo M.
+
+    Refs: bins [block] int32 (-1 = no data), noise [block, width] int32,
+    scale [1] uint32 (c mod M), out [width] uint32 (width = 2b padded to a
+    power of two; the padding columns carry zeros).
+    """
+
+    @pl.when(pl.program_id(0) == 0)
+    def _init():
+        out_ref[...] = jnp.zeros(out_ref.shape, jnp.uint32)
+
+    bins = bins_ref[...]  # [block]
+    noise = noise_ref[...]  # [block, width]
+    block, width = noise.shape
+    column = lax.broadcasted_iota(jnp.int32, (block, width), 1)
+    has_value = (bins >= 0)[:, None]
+    one_hot = jnp.zeros((block, width), jnp.uint32)
+    for level, offset in enumerate(_level_offsets(num_bins)):
+        node = offset + (bins >> level)  # [block]
+        one_hot += (has_value & (column == node[:, None])).astype(jnp.uint32)
+    scaled = one_hot * scale_ref[0]  # c x_i mod M: x_i is 0/1 and c < M
+    messages = add_mod(scaled, mod_signed(noise, modulus), modulus)
+    out_ref[...] = add_mod(out_ref[...], _block_sum_mod(messages, modulus), modulus)
+
+
+def _scale_residue(scale, modulus: int) -> jax.Array:
+    scale = jnp.asarray(scale)
+    if jnp.issubdtype(scale.dtype, jnp.floating):
+        scale = jnp.round(scale)
+    scale = scale.astype(jnp.uint32)
+    if modulus != MAX_MODULUS:
+        scale = scale % jnp.uint32(modulus)
+    return scale.reshape(1)
+
+
+def _validate(bins, noise, num_bins, modulus):
+    num_bins = check_power_of_two(num_bins, "num_bins")
+    modulus = check_modulus(modulus)
+    if bins.ndim != 1 or noise.shape != (bins.shape[0], tree_size(num_bins)):
+        raise ValueError(
+            f"bins must be [n] and noise [n, 2b - 2] = [n, {tree_size(num_bins)}], "
+            f"got {bins.shape} and {noise.shape}"
+        )
+    return num_bins, modulus
+
+
+@functools.partial(
+    jax.jit, static_argnames=("num_bins", "modulus", "block_clients", "interpret")
+)
+def noisy_histogram_sum(
+    bins,
+    noise,
+    scale,
+    *,
+    num_bins: int,
+    modulus: int,
+    block_clients: int = 128,
+    interpret: bool = False,
+) -> jax.Array:
+    """Secure sum of the clients' noisy scaled trees, by a Pallas kernel.
+
+    Args:
+      bins: [n] int32 level-0 bin per client (`histogram.bin_index`); a
+        negative bin means no data (only noise is sent).
+      noise: [n, 2b - 2] int32 per-client discrete Gaussian noise.
+      scale: the integer scale c (scalar; rounded if float).
+      num_bins: b, a power of two >= 2 (static).
+      modulus: M in [2, 2^32] (static).
+      block_clients: clients per grid step (static power of two).
+      interpret: run the kernel in the Pallas interpreter (needed on CPU).
+
+    Returns:
+      [2b - 2] uint32 residues: (sum_i (c x_i + xi_i)) mod M.
+
+    Raises:
+      ValueError: bad shapes, `num_bins`, `modulus` or `block_clients`.
+    """
+    bins = jnp.asarray(bins, jnp.int32)
+    noise = jnp.asarray(noise, jnp.int32)
+    num_bins, modulus = _validate(bins, noise, num_bins, modulus)
+    check_power_of_two(block_clients, "block_clients", minimum=1)
+    n = bins.shape[0]
+    size = tree_size(num_bins)
+    width = 2 * num_bins  # power-of-two block width (GPU block shapes)
+    padded_n = -(-n // block_clients) * block_clients
+    # Padding clients: no data and zero noise, so they add 0 modulo M.
+    bins = jnp.pad(bins, (0, padded_n - n), constant_values=-1)
+    noise = jnp.pad(noise, ((0, padded_n - n), (0, width - size)))
+    kernel = functools.partial(
+        noisy_histogram_sum_kernel, num_bins=num_bins, modulus=modulus
+    )
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((width,), jnp.uint32),
+        grid=(padded_n // block_clients,),
+        in_specs=[
+            pl.BlockSpec((block_clients,), lambda i: (i,)),
+            pl.BlockSpec((block_clients, width), lambda i: (i, 0)),
+            pl.BlockSpec((1,), lambda i: (0,)),
+        ],
+        out_specs=pl.BlockSpec((width,), lambda i: (0,)),
+        interpret=interpret,
+    )(bins, noise, _scale_residue(scale, modulus))
+    return out[:size]
+
+
+@functools.partial(
+    jax.jit, static_argnames=("num_bins", "modulus", "block_clients", "interpret")
+)
+def noisy_histogram_sum_reference(
+    bins,
+    noise,
+    scale,
+    *,
+    num_bins: int,
+    modulus: int,
+    block_clients: int = 128,
+    interpret: bool = False,
+) -> jax.Array:
+    """Pure-jnp reference of `noisy_histogram_sum` (same signature).
+
+    Materializes the [n, 2b - 2] one-hot trees and messages, then the
+    modular sum (`block_clients` and `interpret` are accepted and ignored).
+    """
+    del block_clients, interpret  # Unused: no kernel here.
+    bins = jnp.asarray(bins, jnp.int32)
+    noise = jnp.asarray(noise, jnp.int32)
+    num_bins, modulus = _validate(bins, noise, num_bins, modulus)
+    size = tree_size(num_bins)
+    nodes = node_indices(bins, num_bins)  # [n, log2 b]
+    nodes = jnp.where((bins >= 0)[:, None], nodes, -1)
+    one_hot = jnp.sum(
+        jax.nn.one_hot(nodes, size, dtype=jnp.uint32), axis=-2, dtype=jnp.uint32
+    )
+    scaled = one_hot * _scale_residue(scale, modulus)[0]
+    messages = add_mod(scaled, mod_signed(noise, modulus), modulus)
+    return sum_mod(messages, modulus, axis=0)
