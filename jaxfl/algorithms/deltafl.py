@@ -13,8 +13,15 @@ One round (004 Algorithms 1 and 3; 000 Algorithms 2 and 3):
    (`reweighting`):
 
    * 'threshold' (004 Algorithm 1 lines 3-5, eq. 10; 000 Algorithm 2 lines
-     5-6): Q = the weighted (1 - theta)-quantile of the cohort's losses
-     (`tail_threshold` with weights alpha), pi_i ∝ alpha_i 1[F_i >= Q];
+     5-6): Q = the weighted (1 - theta)-quantile of the cohort's losses,
+     pi_i ∝ alpha_i 1[F_i >= Q]. Which quantile: the largest loss Q whose
+     clients at or above it carry at least theta of the weight
+     (`filter_threshold`). When theta m is an integer the minimizers eta of
+     000 eq. 2 form an interval, and this is its upper end: the filter then
+     keeps exactly the theta m largest losses (uniform alpha, no ties) and
+     Algorithm 1 equals Algorithm 3, as 004 Proposition 3(c) states; the
+     lower end (`tail_threshold`, inf{eta : P(Z > eta) <= theta}) would keep
+     one client more. Otherwise both ends coincide: ceil(theta m) clients;
    * 'exact' (004 Algorithm 3 line 3, eq. 9): pi = argmax of sum_i pi_i F_i
      over the simplex with pi_i <= alpha_i / (theta sum_S alpha)
      (`superquantile_weights`), which gives the boundary client its
@@ -84,6 +91,31 @@ FILTERINGS = ("server", "client")
 # Reweightings that filter on a threshold Q (the others have no threshold to
 # reuse or to broadcast).
 THRESHOLD_REWEIGHTINGS = ("threshold", "dp")
+
+
+def filter_threshold(losses: jax.Array, theta, weights: jax.Array) -> jax.Array:
+    """Q of Algorithm 1: the largest loss with alpha-mass of {F >= Q} >= theta.
+
+    Q = max { a_i : sum_{j: a_j >= a_i} w_j >= theta sum_j w_j }, the upper
+    weighted (1 - theta)-quantile, so that {F_i >= Q} is the smallest set of
+    top losses carrying theta of the weight (see the module docstring for
+    why not the lower quantile `tail_threshold`). Computed with the primitive
+    as -tail_threshold(-losses, 1 - theta, weights): that is
+    -inf { e : mass(-a > e) <= (1 - theta) W } = sup { b : mass(a >= b) >=
+    theta W }. At theta = 1 it is the smallest loss (1 - theta is floored at
+    a tiny positive number, where `tail_threshold` gives the largest of
+    -losses).
+
+    Args:
+      losses: `[M]` F_i(w_t).
+      theta: tail fraction in (0, 1], may be traced.
+      weights: `[M]` alpha_i >= 0.
+
+    Returns:
+      The scalar threshold (one of the losses).
+    """
+    complement = jnp.maximum(1.0 - theta, jnp.finfo(jnp.float32).tiny)
+    return -tail_threshold(-losses, complement, weights)
 
 
 def client_passes(loss: jax.Array, alpha: jax.Array, threshold: jax.Array):
@@ -172,7 +204,7 @@ def deltafl(
     def fresh_threshold(losses, alpha, hparams, key):
         theta = hparams["theta"]
         if reweighting == "threshold":
-            return tail_threshold(losses, theta, alpha)
+            return filter_threshold(losses, theta, alpha)
         bound = hparams["dp_loss_bound"]
         return dp_quantile(
             key,

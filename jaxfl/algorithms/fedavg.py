@@ -29,6 +29,12 @@ with hooks that change what the server decides around local training,
   per-client updates into the server's update Delta (q-FFL, AFL).
 * `reweight(results, alpha, state, key)`, after training: only the weights
   of step 3 (tilted ERM).
+
+Keys: with `keys = round_keys(run_key, round)`, the cohort comes from
+`keys.sampling`, client i's local training from `fold_in(keys.clients, i)`,
+the plan's key is `split(keys.server)[0]` and the aggregation's (and
+reweight's) `split(keys.server)[1]`. Algorithms derive their own choices
+(stragglers, sub-cohorts, DP noise) from those, so tests can replay them.
 """
 
 from __future__ import annotations
