@@ -1,6 +1,7 @@
 """The `jaxfl` command.
 
     jaxfl run [--config FILE] [--algorithm NAME[,NAME...]] [--rounds N] ...
+    jaxfl sweep [run settings] --grid NAME=V1,V2,... [--grid ...]
     jaxfl list
 
 `jaxfl run` with no arguments is the main job: FedAvg on the label-shift
@@ -69,10 +70,7 @@ def _dataset_option(text: str) -> tuple[str, Any]:
     return key.strip().replace("-", "_"), parsed
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="jaxfl", description="Federated learning simulation in JAX.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = commands.add_parser("run", help="train and evaluate (the main job)")
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", help="JSON or TOML file of settings")
     defaults = RunConfig()
     for name, field in FIELDS.items():
@@ -92,6 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KEY=VALUE",
         help="a dataset generator option, e.g. alpha=0.5 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jaxfl", description="Federated learning simulation in JAX.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = commands.add_parser("run", help="train and evaluate (the main job)")
+    _add_run_arguments(run)
+    sweep = commands.add_parser(
+        "sweep", help="a grid of settings; numeric ones vmapped in one compiled round"
+    )
+    _add_run_arguments(sweep)
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help="values of one setting (repeatable; the grid is their product)",
     )
     commands.add_parser("list", help="list datasets, models and algorithms")
     return parser
@@ -135,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _list()
             return 0
         config = resolve_config(args)
+        if args.command == "sweep":
+            from jaxfl.experiment.sweep_main import parse_grid, run_sweep_main
+
+            return run_sweep_main(config, parse_grid(args.grid))
         from jaxfl.experiment.main import run_main
 
         return run_main(config)

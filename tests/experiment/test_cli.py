@@ -19,7 +19,7 @@ TINY = [
     "--dataset-option", "num_test_clients=20",
     "--dataset-option", "pool_size=20000",
     "--rounds", "4", "--clients-per-round", "5", "--eval-every", "2",
-    "--no-progress",
+    "--no-progress", "--strategy", "vmap",
 ]
 
 

@@ -1,0 +1,175 @@
+"""Many settings of one algorithm as one compiled function.
+
+A sweep point is a set of numeric hyperparameters (those in
+`ServerState.hparams`, plus the server learning rate) and a seed. Points that
+share every shape-setting value (clients per round, batch size, epochs, ...)
+are run together: their states are stacked along a leading axis G and the
+round is `jax.vmap`ped over it (`in_axes=(0, None, 0)`: states and run keys
+per point, the population shared), then jitted once. Evaluation is vmapped
+the same way. Shape-setting values vary in an outer Python loop
+(`jaxfl.experiment.sweep_cli`).
+
+A point gives the same result as the same setting run alone, up to float
+rounding (tested): its state, its key, and therefore its cohorts and example
+orders are exactly those of the single run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfl.algorithms.base import ServerState
+from jaxfl.experiment.runner import RunResult, Setup, make_evaluator
+
+SERVER_LR = "server_lr"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """One setting: numeric hyperparameter overrides and a seed."""
+
+    hparams: Mapping[str, float]
+    seed: int
+
+    def label(self) -> str:
+        parts = [f"{k}={v:g}" for k, v in sorted(self.hparams.items())]
+        return ",".join(parts + [f"seed={self.seed}"])
+
+
+def set_server_lr(state: ServerState, learning_rate: float) -> ServerState:
+    """Sets the server learning rate held by an injected optax optimizer."""
+    opt_state = state.opt_state
+    if not hasattr(opt_state, "hyperparams") or "learning_rate" not in opt_state.hyperparams:
+        raise ValueError("this server optimizer has no injectable learning_rate")
+    hyperparams = dict(opt_state.hyperparams)
+    hyperparams["learning_rate"] = jnp.asarray(
+        learning_rate, jnp.asarray(hyperparams["learning_rate"]).dtype
+    )
+    return dataclasses.replace(state, opt_state=opt_state._replace(hyperparams=hyperparams))
+
+
+def initial_state(run_setup: Setup, name: str, point: SweepPoint) -> tuple[ServerState, jax.Array]:
+    """The state and run key a single run of this point would start from."""
+    algorithm = run_setup.algorithms[name]
+    init_key, run_key = jax.random.split(jax.random.key(point.seed))
+    params = run_setup.engine.task.model.init(init_key)
+    hparams = dict(run_setup.hparams[name])
+    overrides = {k: v for k, v in point.hparams.items() if k != SERVER_LR}
+    unknown = sorted(set(overrides) - set(algorithm.hparam_defaults))
+    if unknown:
+        raise ValueError(
+            f"{name} has no hyperparameter {unknown[0]!r}; sweepable: "
+            f"{', '.join(sorted([*algorithm.hparam_defaults, SERVER_LR]))}, seed"
+        )
+    hparams.update(overrides)
+    state = algorithm.init(params, hparams)
+    if SERVER_LR in point.hparams:
+        state = set_server_lr(state, point.hparams[SERVER_LR])
+    return state, run_key
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def run_sweep(
+    run_setup: Setup,
+    name: str,
+    points: Sequence[SweepPoint],
+    *,
+    on_evaluation: Callable[[int, dict[str, Any]], None] | None = None,
+    progress: Any = None,
+) -> list[RunResult]:
+    """Trains every point for `config.rounds` rounds in one vmapped round.
+
+    Args:
+      run_setup: the shared setup (static shapes, data, algorithm).
+      name: which algorithm of the setup.
+      points: the settings.
+      on_evaluation: called with (point index, evaluation record).
+      progress: a tqdm-like bar, updated once per round.
+
+    Returns:
+      One `RunResult` per point, in order.
+    """
+    if not points:
+        raise ValueError("a sweep needs at least one point")
+    config = run_setup.config
+    engine = run_setup.engine
+    algorithm = run_setup.algorithms[name]
+    starts = [initial_state(run_setup, name, point) for point in points]
+    # Placed as the round's outputs will be (replicated over a mesh under the
+    # sharded strategy), or the second call would see new shardings and
+    # compile again.
+    states = engine.strategy.replicate(stack([state for state, _ in starts]))
+    keys = jnp.stack([key for _, key in starts])
+    train = engine.strategy.replicate(run_setup.dataset.train)
+    round_fn = jax.jit(jax.vmap(algorithm.round, in_axes=(0, None, 0)), donate_argnums=0)
+    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting, batched=True)
+
+    histories: list[list[dict[str, Any]]] = [[] for _ in points]
+    summaries: list[dict[str, Any]] = [{} for _ in points]
+    clients: list[dict[str, Any]] = [{} for _ in points]
+    compile_s = evaluation_s = 0.0
+    loop_start = time.perf_counter()
+    for round_index in range(1, config.rounds + 1):
+        states, metrics = round_fn(states, train, keys)
+        if round_index == 1:
+            jax.block_until_ready(states)
+            compile_s = time.perf_counter() - loop_start
+        if progress is not None:
+            progress.update(1)
+        if round_index % config.eval_every == 0 or round_index == config.rounds:
+            jax.block_until_ready(states)
+            evaluation_start = time.perf_counter()
+            batch_summaries, batch_clients = evaluate(states.params)
+            round_metrics = jax.device_get(metrics)
+            for g, point in enumerate(points):
+                summaries[g] = {
+                    group: {k: float(v[g]) for k, v in stats.items()}
+                    for group, stats in batch_summaries.items()
+                }
+                clients[g] = {
+                    population: {k: np.asarray(v if k == "num_examples" else v[g]) for k, v in values.items()}
+                    for population, values in batch_clients.items()
+                }
+                record = {
+                    "algorithm": name,
+                    "point": g,
+                    "hparams": dict(point.hparams),
+                    "seed": point.seed,
+                    "round": round_index,
+                    "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
+                    **summaries[g],
+                }
+                histories[g].append(record)
+                if on_evaluation is not None:
+                    on_evaluation(g, record)
+            evaluation_s += time.perf_counter() - evaluation_start
+    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
+    steady = config.rounds - 1
+    results = []
+    for g, point in enumerate(points):
+        state = jax.tree.map(lambda x, g=g: x[g], states)
+        summary = {
+            **summaries[g],
+            "algorithm": name,
+            "hparams": dict(point.hparams),
+            "seed": point.seed,
+            "rounds": config.rounds,
+            "sweep_points": len(points),
+            "compile_s": compile_s,
+            # Throughput of the whole sweep, in rounds of all points per second.
+            "sweep_rounds_per_s": steady / train_s if steady else None,
+            "strategy": engine.strategy.describe(),
+            "backend": jax.default_backend(),
+        }
+        results.append(RunResult(name, state, histories[g], summary, clients[g]))
+    return results
