@@ -2,6 +2,7 @@
 
     jaxfl run [--config FILE] [--algorithm NAME[,NAME...]] [--rounds N] ...
     jaxfl sweep [run settings] --grid NAME=V1,V2,... [--grid ...]
+    jaxfl family --thetas T1,T2,... [run settings]
     jaxfl list
 
 `jaxfl run` with no arguments is the main job: FedAvg on the label-shift
@@ -109,8 +110,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=V1,V2,...",
         help="values of one setting (repeatable; the grid is their product)",
     )
+    family = commands.add_parser(
+        "family", help="the Δ-FL model family: one model per theta, clients served the best"
+    )
+    _add_run_arguments(family)
+    family.add_argument(
+        "--thetas", required=True, type=_theta_list, metavar="T1,T2,...",
+        help="tail fractions of the family's models, each in (0, 1]",
+    )
+    family.add_argument(
+        "--selection-fraction", type=float, default=0.5,
+        help="share of each test client's examples used to choose its model (default 0.5)",
+    )
     commands.add_parser("list", help="list datasets, models and algorithms")
     return parser
+
+
+def _theta_list(text: str) -> list[float]:
+    try:
+        thetas = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        thetas = []
+    if not thetas or any(not 0.0 < t <= 1.0 for t in thetas):
+        raise argparse.ArgumentTypeError(
+            f"thetas must be a comma-separated list of numbers in (0, 1], got {text!r}"
+        )
+    return thetas
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
@@ -150,7 +175,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "list":
             _list()
             return 0
+        if args.command == "family" and args.algorithm is None:
+            args.algorithm = "deltafl"
         config = resolve_config(args)
+        if args.command == "family":
+            from jaxfl.experiment.family import run_family_main
+
+            if not 0.0 < args.selection_fraction < 1.0:
+                raise ConfigError(
+                    f"selection_fraction must be in (0, 1), got {args.selection_fraction}"
+                )
+            return run_family_main(config, args.thetas, args.selection_fraction)
         if args.command == "sweep":
             from jaxfl.experiment.sweep_main import parse_grid, run_sweep_main
 

@@ -1,0 +1,176 @@
+"""The Δ-FL model family: one model per tail fraction, each client served the best.
+
+004 Section 4.1 (Figure 1): Δ-FL trains r models w_1..w_r for tail fractions
+theta_1..theta_r, and each test client picks the model that does best on its
+own local data. Here the r models train together as one sweep (the round
+vmapped over theta with one seed, so every model sees the same cohorts and
+example orders); each test client's examples are split once into a selection
+part (its local validation data) and an evaluation part; the client is served
+the model with the lowest loss on its selection part, and every model, and
+the served one, are measured on the evaluation parts.
+
+    jaxfl family --thetas 0.8,0.5,0.1 [run settings] --out runs/family
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from jaxfl.data.population import ClientPopulation, pack_arrays
+from jaxfl.evaluation.per_client import per_client_metrics
+from jaxfl.evaluation.summaries import summarize
+from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.experiment.outputs import OutputDirectory, write_json
+from jaxfl.experiment.runner import setup
+from jaxfl.experiment.sweep import SweepPoint, run_sweep
+from jaxfl.training.local import Task
+
+
+def split_clients(
+    population: ClientPopulation, selection_fraction: float, seed: int
+) -> tuple[ClientPopulation, ClientPopulation]:
+    """Splits every client's examples into a selection and an evaluation part.
+
+    Client i's examples are shuffled (NumPy, seeded) and the first
+    max(1, floor(fraction * n_i)) go to selection, the rest to evaluation. A
+    client with a single example uses it for both (it has nothing else).
+
+    Returns:
+      (selection, evaluation): populations with the same clients in the same
+      order.
+    """
+    if not 0.0 < selection_fraction < 1.0:
+        raise ValueError(f"selection_fraction must be in (0, 1), got {selection_fraction}")
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(population.counts)
+    offsets = np.asarray(population.offsets)
+    features = {k: np.asarray(v) for k, v in population.features.items()}
+    select_rows, eval_rows, select_counts, eval_counts = [], [], [], []
+    for offset, count in zip(offsets, counts):
+        rows = offset + rng.permutation(count)
+        cut = max(1, int(selection_fraction * count))
+        chosen, rest = rows[:cut], rows[cut:]
+        if rest.size == 0:
+            rest = chosen
+        select_rows.append(chosen)
+        eval_rows.append(rest)
+        select_counts.append(chosen.size)
+        eval_counts.append(rest.size)
+    select_rows = np.concatenate(select_rows)
+    eval_rows = np.concatenate(eval_rows)
+    selection = pack_arrays({k: v[select_rows] for k, v in features.items()}, np.asarray(select_counts))
+    evaluation = pack_arrays({k: v[eval_rows] for k, v in features.items()}, np.asarray(eval_counts))
+    return selection, evaluation
+
+
+@dataclasses.dataclass
+class FamilyEvaluation:
+    """Per-client results of the family on the evaluation parts.
+
+    Attributes:
+      thetas: `[G]` the family's tail fractions.
+      loss, error: `[G, N]` every model's per-client metrics.
+      chosen: `[N]` index of the model each client is served.
+      served_loss, served_error: `[N]` the served model's metrics.
+    """
+
+    thetas: np.ndarray
+    loss: np.ndarray
+    error: np.ndarray
+    chosen: np.ndarray
+    served_loss: np.ndarray
+    served_error: np.ndarray
+
+
+def serve_family(
+    task: Task,
+    stacked_params: Any,
+    thetas: Sequence[float],
+    selection: ClientPopulation,
+    evaluation: ClientPopulation,
+) -> FamilyEvaluation:
+    """Serves each client the model with the lowest loss on its selection part.
+
+    Ties go to the first model in `thetas` order.
+    """
+
+    @jax.jit
+    def evaluate(params):
+        on_selection = jax.vmap(lambda p: per_client_metrics(task, p, selection))(params)
+        on_evaluation = jax.vmap(lambda p: per_client_metrics(task, p, evaluation))(params)
+        chosen = jnp.argmin(on_selection.loss, axis=0)
+        clients = jnp.arange(chosen.shape[0])
+        return (
+            on_evaluation.loss,
+            on_evaluation.error,
+            chosen,
+            on_evaluation.loss[chosen, clients],
+            on_evaluation.error[chosen, clients],
+        )
+
+    loss, error, chosen, served_loss, served_error = jax.device_get(evaluate(stacked_params))
+    return FamilyEvaluation(
+        np.asarray(thetas), loss, error, chosen, served_loss, served_error
+    )
+
+
+def family_table(family: FamilyEvaluation) -> list[dict[str, Any]]:
+    """One row per model and one for the served model: test error summaries."""
+    rows = []
+    for g, theta in enumerate(family.thetas):
+        stats = {k: float(v) for k, v in summarize(family.error[g]).items()}
+        share = float(np.mean(family.chosen == g))
+        rows.append({"model": f"theta={theta:g}", "served_share": share, **stats})
+    stats = {k: float(v) for k, v in summarize(family.served_error).items()}
+    rows.append({"model": "served (best per client)", "served_share": 1.0, **stats})
+    return rows
+
+
+def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fraction: float) -> int:
+    """`jaxfl family`: trains the family, serves test clients, prints the table."""
+    if config.algorithms != ["deltafl"]:
+        raise ConfigError("family trains Δ-FL models: use --algorithm deltafl (the default here)")
+    if not thetas:
+        raise ConfigError("family needs --thetas THETA1,THETA2,...")
+    run_setup = setup(config)
+    output = OutputDirectory(config.out, overwrite=config.overwrite) if config.out else None
+    selection, evaluation = split_clients(run_setup.dataset.test, selection_fraction, config.seed)
+    points = [SweepPoint({"theta": float(theta)}, seed=config.seed) for theta in thetas]
+    with tqdm(total=config.rounds, desc=f"deltafl family ({len(points)} models)",
+              unit="round", disable=not config.progress, file=sys.stderr) as bar:
+        results = run_sweep(run_setup, "deltafl", points, progress=bar)
+    stacked = jax.tree.map(lambda *p: jnp.stack(p), *[r.state.params for r in results])
+    family = serve_family(run_setup.engine.task, stacked, thetas, selection, evaluation)
+    rows = family_table(family)
+    if output is not None:
+        staging = output.open()
+        try:
+            write_json(staging / "config.json", {**config.to_dict(), "thetas": list(thetas),
+                                                 "selection_fraction": selection_fraction})
+            write_json(staging / "family.json", rows)
+            with (staging / "clients.csv").open("w") as f:
+                f.write("client,served_theta," + ",".join(f"error_theta={t:g}" for t in thetas)
+                        + ",served_error\n")
+                for i in range(family.chosen.shape[0]):
+                    errors = ",".join(f"{family.error[g, i]:.6g}" for g in range(len(thetas)))
+                    f.write(f"{i},{thetas[family.chosen[i]]:g},{errors},{family.served_error[i]:.6g}\n")
+            output.commit()
+        except BaseException:
+            output.abandon()
+            raise
+    print("test misclassification error on the evaluation part of each test client (%)")
+    print(f"{'model':26s} {'served':>7s} {'mean':>7s} {'p50':>7s} {'p90':>7s} {'sq90':>7s}")
+    for row in rows:
+        print(f"{row['model']:26s} {100 * row['served_share']:6.1f}% {100 * row['mean']:7.2f} "
+              f"{100 * row['p50']:7.2f} {100 * row['p90']:7.2f} {100 * row['superquantile_90']:7.2f}")
+    if output is not None:
+        print(f"results in {output.path}")
+    return 0
