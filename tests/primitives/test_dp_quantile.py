@@ -51,6 +51,7 @@ def _values(seed=0):
 
 @functools.cache
 def _levels_jit(modulus):
+    """The server's decoded noisy tree; one compile per modulus."""
     return jax.jit(
         lambda key, values, sigma, scale: dp_hierarchical_histogram(
             key, values, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
@@ -58,15 +59,35 @@ def _levels_jit(modulus):
     )
 
 
-@functools.cache
-def _quantiles_jit(modulus):
-    def quantiles(key, values, sigma, scale):
-        fn = lambda theta: dp_quantile(  # noqa: E731
-            key, values, theta, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
-        )
-        return jax.vmap(fn)(jnp.asarray(THETAS))
+@jax.jit
+def _quantiles_of(levels):
+    """histogram_quantile of a tree at every theta of THETAS (n = NUM_CLIENTS)."""
+    return jax.vmap(histogram_quantile, in_axes=(None, 0, None, None))(
+        levels, jnp.asarray(THETAS), NUM_CLIENTS, UPPER
+    )
 
-    return jax.jit(quantiles)
+
+@jax.jit
+def _dp_quantiles(key, values, sigma, scale, mask):
+    """dp_quantile itself, vmapped over THETAS (M = 2^32)."""
+
+    def one(theta):
+        return dp_quantile(
+            key,
+            values,
+            theta,
+            num_bins=NUM_BINS,
+            upper=UPPER,
+            sigma=sigma,
+            scale=scale,
+            modulus=2**32,
+            client_mask=mask,
+        )
+
+    return jax.vmap(one)(jnp.asarray(THETAS))
+
+
+ALL_CLIENTS = np.ones(NUM_CLIENTS, bool)
 
 
 MODULI = [2, 3, 1000, 1024, 2**31 + 11, 2**32 - 5, 2**32]
@@ -125,33 +146,55 @@ def test_zero_noise_large_modulus_is_the_exact_histogram_quantile(seed):
         values = np.random.default_rng(seed).chisquare(4, NUM_CLIENTS).astype(np.float32)
         values[:16] = np.arange(16, dtype=np.float32) * np.float32(UPPER / NUM_BINS)
     exact_levels = exact_levels_jit(values, NUM_BINS, UPPER)
-    exact = exact_quantiles_jit(exact_levels, THETAS, NUM_CLIENTS, UPPER)
-    got = _quantiles_jit(2**32)(jax.random.key(seed), values, 0.0, 3)
-    np.testing.assert_array_equal(got, exact)
+    got = _dp_quantiles(jax.random.key(seed), values, 0.0, 3, ALL_CLIENTS)
+    np.testing.assert_array_equal(got, _quantiles_of(exact_levels))
     levels = _levels_jit(2**32)(jax.random.key(seed), values, 0.0, 3)
     for noisy, true in zip(levels, exact_levels):
         np.testing.assert_array_equal(noisy, np.asarray(true, np.float32))
 
 
-def test_protocol_sum_equals_scaled_histogram_plus_summed_noise():
-    # s = sum_i ((c x_i + xi_i) mod M) mod M = (c h + sum_i xi_i) mod M, with
-    # client i's noise from fold_in(key, i); M not a power of two.
-    values = _values(2)
-    key, sigma, scale, modulus = jax.random.key(3), 2.0, 5, 1_000_003
-    residues = jax.jit(
-        lambda k: secure_sum_of_noisy_histograms(
-            k, values, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
-        )
-    )(key)
+def _signed(residues, modulus):
+    residues = np.asarray(residues, np.int64) % modulus
+    return np.where(residues > modulus // 2, residues - modulus, residues)
+
+
+def test_protocol_and_no_wraparound_at_the_theorem_6_modulus():
+    # The server's tree is signed((c h + sum_i xi_i) mod M) / c, with client
+    # i's noise drawn from fold_in(key, i); sum_i ((c x_i + xi_i) mod M) mod M
+    # is that residue. M from Theorem 6 is not a power of two (the modular
+    # tree sum) and no wraparound happens: decoding with M = 2^32 agrees.
+    values = _values(5)
+    key, sigma, scale = jax.random.key(9), 1.0, 3
+    modulus = dp_quantile_modulus(NUM_BINS, NUM_CLIENTS, sigma, scale, 1e-5)
+    assert modulus & (modulus - 1) != 0
+    small = _levels_jit(modulus)(key, values, sigma, scale)
     size = 2 * NUM_BINS - 2
-    # Client i's noise, drawn on its own from fold_in(key, i).
     client_noise = jax.jit(
         lambda i: discrete_gaussian(jax.random.fold_in(key, i), sigma, (size,))
     )
-    all_noise = np.stack([np.asarray(client_noise(i)) for i in range(NUM_CLIENTS)])
-    true = np.concatenate([np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)])
-    expected = [(scale * int(true[k]) + int(all_noise[:, k].sum())) % modulus for k in range(size)]
-    np.testing.assert_array_equal(np.asarray(residues).astype(np.int64), expected)
+    noise_sum = np.sum([np.asarray(client_noise(i), np.int64) for i in range(NUM_CLIENTS)], axis=0)
+    exact = exact_levels_jit(values, NUM_BINS, UPPER)
+    true = np.concatenate([np.asarray(level, np.int64) for level in exact])
+    # Up to the float32 division by c (XLA may multiply by 1/c instead).
+    expected = _signed(scale * true + noise_sum, modulus) / scale
+    np.testing.assert_allclose(np.concatenate(small), expected, rtol=3e-7)
+    large = _levels_jit(2**32)(key, values, sigma, scale)
+    for a, b in zip(small, large):
+        np.testing.assert_array_equal(a, b)
+    assert np.any(noise_sum != 0)  # the noise really is there
+
+
+def test_secure_sum_residues_with_a_large_odd_modulus():
+    values = _values(2)
+    key, modulus = jax.random.key(3), 1_000_003
+    residues = jax.jit(
+        lambda k: secure_sum_of_noisy_histograms(
+            k, values, num_bins=NUM_BINS, upper=UPPER, sigma=0.0, scale=5, modulus=modulus
+        )
+    )(key)
+    exact = exact_levels_jit(values, NUM_BINS, UPPER)
+    true = np.concatenate([np.asarray(level, np.int64) for level in exact])
+    np.testing.assert_array_equal(np.asarray(residues, np.int64), (5 * true) % modulus)
 
 
 def test_wraparound_at_bit_width_10():
@@ -162,31 +205,15 @@ def test_wraparound_at_bit_width_10():
     exact_levels = [np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)]
     decoded = _levels_jit(modulus)(jax.random.key(0), values, 0.0, scale)
     for noisy, true in zip(decoded, exact_levels):
-        scaled = (scale * true.astype(np.int64)) % modulus
-        signed = np.where(scaled > modulus // 2, scaled - modulus, scaled)
-        np.testing.assert_array_equal(noisy, signed / scale)
+        np.testing.assert_array_equal(noisy, _signed(scale * true.astype(np.int64), modulus) / scale)
     assert np.any(np.asarray(decoded[-1]) < 0)  # the halves wrapped
     # The quantile suffers: large errors for some theta; none with 32 bits.
-    exact = exact_quantiles_jit(exact_levels, THETAS, NUM_CLIENTS, UPPER)
-    wrapped = _quantiles_jit(modulus)(jax.random.key(0), values, 0.0, scale)
+    exact = _quantiles_of(exact_levels)
+    wrapped = _quantiles_of(decoded)
     assert np.max(np.abs(np.asarray(wrapped) - np.asarray(exact))) >= UPPER / 4
-    np.testing.assert_array_equal(_quantiles_jit(2**32)(jax.random.key(0), values, 0.0, scale), exact)
-
-
-def test_no_wraparound_at_the_theorem_6_modulus():
-    # With M from Theorem 6 (here not a power of two) the decoded tree equals
-    # the one decoded with M = 2^32 from the same noise.
-    values = _values(5)
-    sigma, scale = 1.0, 3
-    modulus = dp_quantile_modulus(NUM_BINS, NUM_CLIENTS, sigma, scale, 1e-5)
-    assert modulus & (modulus - 1) != 0
-    small = _levels_jit(modulus)(jax.random.key(9), values, sigma, scale)
-    large = _levels_jit(2**32)(jax.random.key(9), values, sigma, scale)
-    for a, b in zip(small, large):
-        np.testing.assert_array_equal(a, b)
-    # ... and the noise really is there.
-    exact = exact_levels_jit(values, NUM_BINS, UPPER)
-    assert not np.array_equal(np.asarray(large[0]), np.asarray(exact[0], np.float32))
+    np.testing.assert_array_equal(
+        _dp_quantiles(jax.random.key(0), values, 0.0, scale, ALL_CLIENTS), exact
+    )
 
 
 def test_noisy_quantile_error_is_of_the_predicted_size():
@@ -196,10 +223,9 @@ def test_noisy_quantile_error_is_of_the_predicted_size():
     values = _values(6)
     exact_levels = exact_levels_jit(values, NUM_BINS, UPPER)
     cdf = np.cumsum(np.asarray(exact_levels[0])) / NUM_CLIENTS
-    run = _quantiles_jit(2**32)
     errors = []
     for seed in range(8):
-        estimates = np.asarray(run(jax.random.key(100 + seed), values, 2.0, 2))
+        estimates = np.asarray(_dp_quantiles(jax.random.key(100 + seed), values, 2.0, 2, ALL_CLIENTS))
         j_star = np.rint(estimates * NUM_BINS / UPPER).astype(int)
         errors.append(np.abs(cdf[j_star - 1] - (1 - THETAS)))
     mean_error = float(np.mean(errors))
@@ -209,23 +235,15 @@ def test_noisy_quantile_error_is_of_the_predicted_size():
 def test_vmap_over_theta_reuses_one_noisy_histogram_and_client_mask():
     values = _values(7)
     key = jax.random.key(1)
-    batched = _quantiles_jit(2**32)(key, values, 1.5, 2)
+    batched = _dp_quantiles(key, values, 1.5, 2, ALL_CLIENTS)
     levels = _levels_jit(2**32)(key, values, 1.5, 2)
-    looped = [
-        jax.jit(histogram_quantile, static_argnums=(3,))(levels, theta, NUM_CLIENTS, UPPER)
-        for theta in THETAS
-    ]
-    np.testing.assert_array_equal(batched, looped)
+    np.testing.assert_array_equal(batched, _quantiles_of(levels))
     # Masked clients take no part: without noise, the quantile of the others.
     mask = np.arange(NUM_CLIENTS) % 3 != 0
-    got = jax.jit(
-        lambda k, m: dp_quantile(
-            k, values, 0.3, num_bins=NUM_BINS, upper=UPPER, sigma=0.0, scale=1, modulus=2**32, client_mask=m
-        )
-    )(key, mask)
+    got = _dp_quantiles(key, values, 0.0, 1, mask)
     subset = exact_levels_jit(values[mask], NUM_BINS, UPPER)
-    expected = exact_quantiles_jit(subset, np.array([0.3], np.float32), int(mask.sum()), UPPER)
-    assert float(got) == float(expected[0])
+    expected = exact_quantiles_jit(subset, THETAS, int(mask.sum()), UPPER)
+    np.testing.assert_array_equal(got, expected)
 
 
 # ---------------------------------------------------------------------------

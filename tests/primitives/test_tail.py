@@ -26,14 +26,10 @@ from jaxfl.primitives import (
     tilted_risk_weights,
 )
 
-# Jitted once per input shape and shared by the tests (compile time dominates).
-sq = jax.jit(superquantile)
-sq_weights = jax.jit(superquantile_weights)
-threshold = jax.jit(tail_threshold)
-smoothed = jax.jit(smoothed_superquantile)
-smoothed_weights = jax.jit(smoothed_superquantile_weights)
-tilted = jax.jit(tilted_risk)
-tilted_weights = jax.jit(tilted_risk_weights)
+# Compile time dominates the run time of these tests: every family is
+# evaluated through one jitted function of all its outputs, on inputs padded
+# to a few shapes with zero-weight NaN entries (which must change nothing).
+SMALL, LARGE = 12, 128
 
 
 # ---------------------------------------------------------------------------
@@ -121,20 +117,19 @@ EDGE_CASES = {
 }
 
 
-PAD_TO = 12  # the grid shares one compiled shape (n = 1 aside)
-
-
 def _arrays(losses, weights):
     losses = np.asarray(losses, np.float32)
     weights = np.ones_like(losses) if weights is None else np.asarray(weights, np.float32)
     return losses, weights
 
 
-def _padded(losses, weights):
-    """Pads with zero-weight NaN entries: they must change nothing."""
+def _pad(losses, weights=None):
+    """Zero-weight NaN padding to SMALL or LARGE entries (n = 1 is kept)."""
+    losses, weights = _arrays(losses, weights)
     if losses.size == 1:
         return losses, weights
-    pad = PAD_TO - losses.size
+    size = SMALL if losses.size <= SMALL else LARGE
+    pad = size - losses.size
     return (
         np.concatenate([losses, np.full(pad, np.nan, np.float32)]),
         np.concatenate([weights, np.zeros(pad, np.float32)]),
@@ -142,7 +137,7 @@ def _padded(losses, weights):
 
 
 @jax.jit
-def tail_outputs(losses, theta, weights):
+def _tail_outputs(losses, theta, weights):
     return (
         superquantile(losses, theta, weights),
         superquantile_weights(losses, theta, weights),
@@ -151,14 +146,29 @@ def tail_outputs(losses, theta, weights):
     )
 
 
+def tail(losses, theta, weights=None):
+    """(value, weights, threshold, gradient) as NumPy, unpadded."""
+    n = np.size(losses)
+    padded_losses, padded_weights = _pad(losses, weights)
+    value, pi, q, grad = _tail_outputs(padded_losses, theta, padded_weights)
+    return float(value), np.asarray(pi)[:n], float(q), np.asarray(grad)[:n]
+
+
+@jax.jit
+def _tail_outputs_uniform(losses, theta):
+    return (
+        superquantile(losses, theta),
+        superquantile_weights(losses, theta),
+        tail_threshold(losses, theta),
+    )
+
+
 @pytest.mark.parametrize("name", sorted(EDGE_CASES))
 def test_tail_functionals_on_edge_grid(name):
     losses, weights, theta = EDGE_CASES[name]
     losses, weights = _arrays(losses, weights)
-    n = losses.size
-    padded_losses, padded_weights = _padded(losses, weights)
-    value, pi, q, grad = tail_outputs(padded_losses, theta, padded_weights)
-    pi, grad = np.asarray(pi, np.float64)[:n], np.asarray(grad)[:n]
+    value, pi, q, grad = tail(losses, theta, weights)
+    pi = pi.astype(np.float64)
     # The value against the linear program.
     expected = lp_superquantile(losses, theta, weights)
     np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
@@ -171,16 +181,17 @@ def test_tail_functionals_on_edge_grid(name):
     np.testing.assert_allclose(pi @ losses, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grad, pi, atol=1e-7)
     # The threshold against its definition.
-    assert float(q) == brute_threshold(losses, theta, weights)
+    assert q == brute_threshold(losses, theta, weights)
 
 
 def test_uniform_weights_default():
-    losses = np.random.default_rng(9).normal(size=PAD_TO).astype(np.float32)
-    ones = np.ones(PAD_TO, np.float32)
+    losses = np.random.default_rng(9).normal(size=SMALL).astype(np.float32)
+    ones = np.ones(SMALL, np.float32)
     for theta in (0.3, 0.25, 1.0):
-        np.testing.assert_allclose(sq(losses, theta), lp_superquantile(losses, theta, ones), rtol=1e-5)
-        np.testing.assert_array_equal(sq_weights(losses, theta), sq_weights(losses, theta, ones))
-        assert float(threshold(losses, theta)) == brute_threshold(losses, theta, ones)
+        value, pi, q = _tail_outputs_uniform(losses, theta)
+        np.testing.assert_allclose(value, lp_superquantile(losses, theta, ones), rtol=1e-5)
+        np.testing.assert_array_equal(pi, tail(losses, theta, ones)[1])
+        assert float(q) == brute_threshold(losses, theta, ones)
 
 
 def test_percentiles_are_exact_inverted_cdf():
@@ -194,64 +205,60 @@ def test_percentiles_are_exact_inverted_cdf():
         ordered = np.sort(x)
         for p in range(0, 101, 5):
             k = max(-(-p * n // 100), 1)
-            got = threshold(x, 1 - p / 100) if p < 100 else threshold(x, 1e-7)
-            assert float(got) == ordered[k - 1], (n, p)
+            theta = 1 - p / 100 if p < 100 else 1e-7
+            assert tail(x, theta)[2] == ordered[k - 1], (n, p)
+    x = np.random.default_rng(3).normal(size=SMALL).astype(np.float32)
+    assert float(_tail_outputs_uniform(x, 1 - 25 / 100)[2]) == np.sort(x)[2]
 
 
 def test_integer_theta_n_puts_zero_weight_on_boundary():
     # theta = 0.1 is not exact in float32, yet theta * n = 10 is treated as an
     # integer: exactly 10 clients get 1/10 (004 Proposition 3(c), Remark 1).
     losses = np.random.default_rng(0).permutation(100).astype(np.float32)
-    pi = np.asarray(sq_weights(losses, 0.1))
+    value, pi, q, _ = tail(losses, 0.1)
     assert np.count_nonzero(pi) == 10
     np.testing.assert_allclose(pi[losses >= 90], 0.1, rtol=1e-6)
-    assert float(threshold(losses, 0.1)) == 89.0
-    np.testing.assert_allclose(sq(losses, 0.1), np.mean(np.arange(90, 100)), rtol=1e-6)
+    assert q == 89.0
+    np.testing.assert_allclose(value, np.mean(np.arange(90, 100)), rtol=1e-6)
 
 
 def test_fractional_boundary_client():
     # theta n = 2.5: two clients get 1/(theta n) = 0.4, the boundary gets 0.2.
     losses = np.arange(10, dtype=np.float32)
-    pi = np.asarray(sq_weights(losses, 0.25))
-    np.testing.assert_allclose(pi[9], 0.4, rtol=1e-6)
-    np.testing.assert_allclose(pi[8], 0.4, rtol=1e-6)
-    np.testing.assert_allclose(pi[7], 0.2, rtol=1e-5)
+    value, pi, q, _ = tail(losses, 0.25)
+    np.testing.assert_allclose(pi[[9, 8, 7]], [0.4, 0.4, 0.2], rtol=1e-5)
     assert np.all(pi[:7] == 0)
-    assert float(threshold(losses, 0.25)) == 7.0
-    np.testing.assert_allclose(sq(losses, 0.25), 0.4 * 9 + 0.4 * 8 + 0.2 * 7, rtol=1e-6)
+    assert q == 7.0
+    np.testing.assert_allclose(value, 0.4 * 9 + 0.4 * 8 + 0.2 * 7, rtol=1e-6)
 
 
 def test_limits_in_theta():
     losses = np.array([0.5, -1.0, 3.0, 2.0], np.float32)
     weights = np.array([1.0, 3.0, 2.0, 2.0], np.float32)
-    np.testing.assert_allclose(
-        sq(losses, 1.0, weights), np.average(losses, weights=weights), rtol=1e-6
-    )
-    np.testing.assert_allclose(sq(losses, 1e-6, weights), 3.0, rtol=1e-6)
-    assert float(threshold(losses, 1.0, weights)) == -1.0
-    assert float(threshold(losses, 1e-6, weights)) == 3.0
+    value, _, q, _ = tail(losses, 1.0, weights)
+    np.testing.assert_allclose(value, np.average(losses, weights=weights), rtol=1e-6)
+    assert q == -1.0
+    value, _, q, _ = tail(losses, 1e-6, weights)
+    np.testing.assert_allclose(value, 3.0, rtol=1e-6)
+    assert q == 3.0
 
 
 def test_tied_losses_share_the_boundary_and_permutation_equivariance():
     losses = np.array([1.0, 3.0, 2.0, 2.0, 2.0, 0.0], np.float32)
-    # theta n = 3: 3.0 gets 1/3, the three 2.0 share the remaining 2/3.
-    pi = np.asarray(sq_weights(losses, 0.5))
+    # theta n = 3: 3.0 gets 1/3, the three 2.0 share the remaining 2/3; the
+    # gradient at the ties is this same symmetric subgradient.
+    _, pi, _, grad = tail(losses, 0.5)
     np.testing.assert_allclose(pi, [0, 1 / 3, 2 / 9, 2 / 9, 2 / 9, 0], atol=1e-6)
-    perm = np.random.default_rng(1).permutation(losses.size)
-    np.testing.assert_allclose(
-        np.asarray(sq_weights(losses[perm], 0.5)), pi[perm], atol=1e-7
-    )
-    # The gradient at ties is the same symmetric subgradient.
-    grad = jax.jit(jax.grad(superquantile))(losses, 0.5)
     np.testing.assert_allclose(grad, pi, atol=1e-7)
+    perm = np.random.default_rng(1).permutation(losses.size)
+    np.testing.assert_allclose(tail(losses[perm], 0.5)[1], pi[perm], atol=1e-7)
 
 
 def test_weighted_ties_share_in_proportion_to_weights():
     losses = np.array([5.0, 1.0, 1.0], np.float32)
     weights = np.array([1.0, 1.0, 3.0], np.float32)
     # theta = 0.6: the 5.0 gets (1/5)/0.6 = 1/3; the ties share 2/3 as 1:3.
-    pi = np.asarray(sq_weights(losses, 0.6, weights))
-    np.testing.assert_allclose(pi, [1 / 3, 1 / 6, 1 / 2], atol=1e-6)
+    np.testing.assert_allclose(tail(losses, 0.6, weights)[1], [1 / 3, 1 / 6, 1 / 2], atol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -259,35 +266,39 @@ def test_weighted_ties_share_in_proportion_to_weights():
 
 
 def test_vmap_over_losses_and_theta_matches_loop():
-    batch = np.random.default_rng(2).normal(size=(5, 8)).astype(np.float32)
-    weights = np.random.default_rng(3).uniform(size=(5, 8)).astype(np.float32)
+    rng = np.random.default_rng(2)
+    batch = rng.normal(size=(5, SMALL)).astype(np.float32)
+    weights = rng.uniform(size=(5, SMALL)).astype(np.float32)
     thetas = np.array([0.1, 0.25, 0.5, 0.9, 1.0], np.float32)
-    for fn in (sq, sq_weights, threshold):
-        batched = jax.jit(jax.vmap(fn))(batch, thetas, weights)
-        looped = np.stack([fn(batch[i], thetas[i], weights[i]) for i in range(5)])
-        np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-7)
+    batched = jax.jit(jax.vmap(_tail_outputs))(batch, thetas, weights)
+    for i in range(5):
+        looped = _tail_outputs(batch[i], thetas[i], weights[i])
+        for got, expected in zip(batched, looped):
+            np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
     # A sweep: one loss vector, many theta.
     sweep = jax.jit(jax.vmap(superquantile, in_axes=(None, 0)))(batch[0], thetas)
-    expected = [lp_superquantile(batch[0], float(t), np.ones(8)) for t in thetas]
+    expected = [lp_superquantile(batch[0], float(t), np.ones(SMALL)) for t in thetas]
     np.testing.assert_allclose(sweep, expected, rtol=1e-5)
 
 
 def test_gradient_equals_superquantile_weights():
-    losses = np.random.default_rng(4).normal(size=11).astype(np.float32)
-    weights = np.random.default_rng(5).uniform(size=11).astype(np.float32)
+    rng = np.random.default_rng(4)
+    losses = rng.normal(size=11).astype(np.float32)
+    weights = rng.uniform(size=11).astype(np.float32)
     for theta in (0.05, 0.3, 0.5, 1.0):
-        grad = jax.jit(jax.grad(superquantile))(losses, theta, weights)
-        np.testing.assert_allclose(grad, sq_weights(losses, theta, weights), atol=1e-7)
+        _, pi, _, grad = tail(losses, theta, weights)
+        np.testing.assert_allclose(grad, pi, atol=1e-7)
+        assert np.count_nonzero(pi) >= 1
 
 
 def test_check_grads_away_from_ties():
-    # Distinct losses and theta * n = 2.6 away from an integer: smooth there.
+    # Distinct losses and theta * n = 2.25 away from an integer: smooth there;
+    # derivatives in losses, theta and weights (envelope theorem).
     losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
     weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
-    theta = jnp.float32(0.45)
     check_grads(
-        sq,
-        (losses, theta, weights),
+        jax.jit(superquantile),
+        (losses, jnp.float32(0.45), weights),
         order=1,
         modes=("fwd", "rev"),
         eps=1e-3,
@@ -295,9 +306,9 @@ def test_check_grads_away_from_ties():
 
 
 def test_second_derivative_in_losses_is_zero():
-    losses = jnp.array([0.1, 1.3, -0.7, 2.2], jnp.float32)
+    losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
     hessian = jax.jit(jax.hessian(superquantile))(losses, 0.4)
-    np.testing.assert_array_equal(hessian, np.zeros((4, 4)))
+    np.testing.assert_array_equal(hessian, np.zeros((5, 5)))
 
 
 # ---------------------------------------------------------------------------
@@ -305,52 +316,44 @@ def test_second_derivative_in_losses_is_zero():
 
 
 def test_nan_loss_propagates():
-    losses = np.array([1.0, np.nan, 2.0], np.float32)
-    assert np.isnan(sq(losses, 0.5))
-    assert np.all(np.isnan(sq_weights(losses, 0.5)))
-    assert np.isnan(threshold(losses, 0.5))
-    assert np.all(np.isnan(jax.jit(jax.grad(superquantile))(losses, 0.5)))
+    value, pi, q, grad = tail([1.0, np.nan, 2.0], 0.5)
+    assert np.isnan(value) and np.isnan(q)
+    assert np.all(np.isnan(pi)) and np.all(np.isnan(grad))
 
 
 def test_nan_loss_with_zero_weight_is_ignored():
-    losses = np.array([1.0, np.nan, 2.0, np.inf], np.float32)
-    weights = np.array([1.0, 0.0, 1.0, 0.0], np.float32)
-    np.testing.assert_allclose(sq(losses, 0.5, weights), 2.0)
-    np.testing.assert_array_equal(sq_weights(losses, 0.5, weights), [0.0, 0.0, 1.0, 0.0])
-    assert float(threshold(losses, 0.5, weights)) == 1.0
-    grad = jax.jit(jax.grad(superquantile))(losses, 0.5, weights)
+    value, pi, q, grad = tail([1.0, np.nan, 2.0, np.inf], 0.5, [1.0, 0.0, 1.0, 0.0])
+    assert value == 2.0 and q == 1.0
+    np.testing.assert_array_equal(pi, [0.0, 0.0, 1.0, 0.0])
     np.testing.assert_array_equal(grad, [0.0, 0.0, 1.0, 0.0])
 
 
 def test_infinite_losses():
-    losses = np.array([1.0, np.inf, 2.0, 0.0], np.float32)
-    assert float(sq(losses, 0.5)) == np.inf
-    np.testing.assert_allclose(sq_weights(losses, 0.5), [0.0, 0.5, 0.5, 0.0])
-    assert float(threshold(losses, 0.5)) == 1.0
+    losses = [1.0, np.inf, 2.0, 0.0]
+    value, pi, q, _ = tail(losses, 0.5)
+    assert value == np.inf and q == 1.0
+    np.testing.assert_allclose(pi, [0.0, 0.5, 0.5, 0.0])
     # The +inf entry carries 1/4 > theta: the threshold is +inf.
-    assert float(threshold(losses, 0.2)) == np.inf
-    np.testing.assert_allclose(sq_weights(losses, 0.2), [0.0, 1.0, 0.0, 0.0])
+    _, pi, q, _ = tail(losses, 0.2)
+    assert q == np.inf
+    np.testing.assert_allclose(pi, [0.0, 1.0, 0.0, 0.0])
     # -inf losses: ignored unless the tail reaches them.
-    losses = np.array([1.0, -np.inf, 2.0], np.float32)
-    np.testing.assert_allclose(sq(losses, 0.5), 5 / 3, rtol=1e-6)
-    assert float(sq(losses, 1.0)) == -np.inf
-    assert float(threshold(losses, 1.0)) == -np.inf
+    value, _, _, _ = tail([1.0, -np.inf, 2.0], 0.5)
+    np.testing.assert_allclose(value, 5 / 3, rtol=1e-6)
+    value, _, q, _ = tail([1.0, -np.inf, 2.0], 1.0)
+    assert value == -np.inf and q == -np.inf
 
 
 def test_all_zero_weights():
-    losses = np.array([1.0, 2.0], np.float32)
-    weights = np.zeros(2, np.float32)
-    assert np.isnan(sq(losses, 0.5, weights))
-    assert np.isnan(threshold(losses, 0.5, weights))
-    np.testing.assert_array_equal(sq_weights(losses, 0.5, weights), [0.0, 0.0])
+    value, pi, q, _ = tail([1.0, 2.0], 0.5, [0.0, 0.0])
+    assert np.isnan(value) and np.isnan(q)
+    np.testing.assert_array_equal(pi, [0.0, 0.0])
 
 
 @pytest.mark.parametrize("bad", [-1.0, np.nan, np.inf])
 def test_bad_weights_give_nan(bad):
-    losses = np.array([1.0, 2.0, 3.0], np.float32)
-    weights = np.array([1.0, bad, 1.0], np.float32)
-    assert np.isnan(sq(losses, 0.5, weights))
-    assert np.all(np.isnan(sq_weights(losses, 0.5, weights)))
+    value, pi, q, _ = tail([1.0, 2.0, 3.0], 0.5, [1.0, bad, 1.0])
+    assert np.isnan(value) and np.isnan(q) and np.all(np.isnan(pi))
 
 
 @pytest.mark.parametrize("theta", [0.0, -0.5, 1.5, np.nan])
@@ -363,9 +366,8 @@ def test_bad_theta(theta):
     with pytest.raises(ValueError, match="theta"):
         smoothed_superquantile(losses, theta, 0.1)
     # Traced: NaN.
-    assert np.isnan(sq(losses, theta))
-    assert np.isnan(threshold(losses, theta))
-    assert np.all(np.isnan(sq_weights(losses, theta)))
+    value, pi, q, _ = tail(losses, theta)
+    assert np.isnan(value) and np.isnan(q) and np.all(np.isnan(pi))
 
 
 def test_shape_errors():
@@ -380,14 +382,30 @@ def test_shape_errors():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_low_precision_inputs_keep_their_dtype(dtype):
     losses = jnp.asarray([0.5, 2.0, 1.0, 3.0], dtype)
-    out = sq(losses, 0.5)
-    assert out.dtype == dtype
-    np.testing.assert_allclose(float(out), 2.5, rtol=1e-2)
-    assert sq_weights(losses, 0.5).dtype == dtype
+    value, pi, q = _tail_outputs_uniform(losses, 0.5)
+    assert value.dtype == pi.dtype == q.dtype == dtype
+    np.testing.assert_allclose(float(value), 2.5, rtol=1e-2)
 
 
 # ---------------------------------------------------------------------------
 # Smoothed superquantile (004 eq. 14-15)
+
+
+@jax.jit
+def _smoothed_outputs(losses, theta, nu, weights):
+    return (
+        smoothed_superquantile(losses, theta, nu, weights),
+        smoothed_superquantile_weights(losses, theta, nu, weights),
+        jax.grad(smoothed_superquantile)(losses, theta, nu, weights),
+    )
+
+
+def smoothed(losses, theta, nu, weights=None):
+    n = np.size(losses)
+    padded_losses, padded_weights = _pad(losses, weights)
+    value, pi, grad = _smoothed_outputs(padded_losses, theta, nu, padded_weights)
+    return float(value), np.asarray(pi)[:n], np.asarray(grad)[:n]
+
 
 SMOOTHED_CASES = [
     ([0.3, -1.0, 4.0, 2.5, 1.0], [1.0, 2.0, 0.5, 1.5, 1.0], 0.3, 0.5),
@@ -395,7 +413,6 @@ SMOOTHED_CASES = [
     ([1.0, 3.0, 3.0, 0.0], None, 0.25, 0.2),  # ties
     ([2.0, 1.0, 0.5], [1.0, 0.0, 1.0], 0.6, 1.0),  # a zero weight
     ([0.2, 0.1], None, 1.0, 0.3),  # theta = 1: the mean
-    ([5.0], None, 0.2, 0.3),  # n = 1
 ]
 
 
@@ -404,36 +421,38 @@ def test_smoothed_superquantile_matches_slsqp(case):
     losses, weights, theta, nu = SMOOTHED_CASES[case]
     losses, weights = _arrays(losses, weights)
     positive = weights > 0
-    value, pi_ref = slsqp_smoothed(losses[positive], theta, nu, weights[positive])
-    np.testing.assert_allclose(smoothed(losses, theta, nu, weights), value, rtol=1e-5, atol=1e-5)
-    pi = np.asarray(smoothed_weights(losses, theta, nu, weights))
+    expected, pi_ref = slsqp_smoothed(losses[positive], theta, nu, weights[positive])
+    value, pi, grad = smoothed(losses, theta, nu, weights)
+    np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(pi[positive], pi_ref, atol=2e-4)
     assert np.all(pi[~positive] == 0)
     np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(grad, pi, atol=1e-6)
 
 
 def test_smoothed_limits():
     losses = np.random.default_rng(6).normal(size=9).astype(np.float32)
-    exact = float(sq(losses, 0.3))
+    exact, exact_pi, _, _ = tail(losses, 0.3)
     # 0 <= S - S^nu <= nu log(1/theta), and nu = 0 is the superquantile.
     for nu in (1e-3, 1e-2, 1e-1, 1.0):
-        gap = exact - float(smoothed(losses, 0.3, nu))
+        gap = exact - smoothed(losses, 0.3, nu)[0]
         assert -1e-5 <= gap <= nu * np.log(1 / 0.3) + 1e-5
-    assert float(smoothed(losses, 0.3, 0.0)) == exact
-    np.testing.assert_array_equal(smoothed_weights(losses, 0.3, 0.0), sq_weights(losses, 0.3))
-    np.testing.assert_allclose(smoothed(losses, 1.0, 0.7), losses.mean(), rtol=1e-5)
-    assert np.isnan(smoothed(losses, 0.3, -1.0))  # traced negative nu
+    value, pi, _ = smoothed(losses, 0.3, 0.0)
+    assert value == exact
+    np.testing.assert_array_equal(pi, exact_pi)
+    np.testing.assert_allclose(smoothed(losses, 1.0, 0.7)[0], losses.mean(), rtol=1e-5)
+    assert np.isnan(smoothed(losses, 0.3, -1.0)[0])  # traced negative nu
     with pytest.raises(ValueError, match="nu"):
         smoothed_superquantile(losses, 0.3, -1.0)
+    # n = 1.
+    assert smoothed([5.0], 0.2, 0.3)[0] == 5.0
 
 
-def test_smoothed_gradients():
+def test_smoothed_check_grads():
     losses = jnp.array([0.1, 1.3, -0.7, 2.2, 0.9], jnp.float32)
     weights = jnp.array([1.0, 0.5, 2.0, 1.5, 1.0], jnp.float32)
-    grad = jax.jit(jax.grad(smoothed_superquantile))(losses, 0.45, 0.3, weights)
-    np.testing.assert_allclose(grad, smoothed_weights(losses, 0.45, 0.3, weights), atol=1e-6)
     check_grads(
-        smoothed,
+        jax.jit(smoothed_superquantile),
         (losses, jnp.float32(0.45), jnp.float32(0.3), weights),
         order=1,
         modes=("fwd", "rev"),
@@ -441,18 +460,19 @@ def test_smoothed_gradients():
     )
 
 
-def test_smoothed_vmap_and_nan():
-    batch = np.random.default_rng(7).normal(size=(3, 6)).astype(np.float32)
+def test_smoothed_vmap_nan_and_inf():
+    batch = np.random.default_rng(7).normal(size=(3, SMALL)).astype(np.float32)
+    ones = np.ones(SMALL, np.float32)
     nus = np.array([0.0, 0.1, 1.0], np.float32)
-    batched = jax.jit(jax.vmap(smoothed, in_axes=(0, None, 0)))(batch, 0.4, nus)
-    looped = [smoothed(batch[i], 0.4, nus[i]) for i in range(3)]
-    np.testing.assert_allclose(batched, looped, rtol=1e-6)
-    losses = np.array([1.0, np.nan], np.float32)
-    assert np.isnan(smoothed(losses, 0.5, 0.1))
-    assert np.all(np.isnan(smoothed_weights(losses, 0.5, 0.1)))
-    losses = np.array([1.0, np.inf, 0.0], np.float32)
-    assert float(smoothed(losses, 0.5, 0.1)) == np.inf
-    pi = np.asarray(smoothed_weights(losses, 0.5, 0.1))
+    batched = jax.jit(jax.vmap(_smoothed_outputs, in_axes=(0, None, 0, None)))(batch, 0.4, nus, ones)
+    for i in range(3):
+        looped = _smoothed_outputs(batch[i], 0.4, nus[i], ones)
+        for got, expected in zip(batched, looped):
+            np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
+    value, pi, _ = smoothed([1.0, np.nan], 0.5, 0.1)
+    assert np.isnan(value) and np.all(np.isnan(pi))
+    value, pi, _ = smoothed([1.0, np.inf, 0.0], 0.5, 0.1)
+    assert value == np.inf
     np.testing.assert_allclose(pi[1], 2 / 3, rtol=1e-6)  # its cap wbar / theta
     np.testing.assert_allclose(pi.sum(), 1.0, rtol=1e-6)
 
@@ -461,69 +481,76 @@ def test_smoothed_vmap_and_nan():
 # Tilted risk (TERM)
 
 
+@jax.jit
+def _tilted_outputs(losses, t, weights):
+    return (
+        tilted_risk(losses, t, weights),
+        tilted_risk_weights(losses, t, weights),
+        jax.grad(tilted_risk)(losses, t, weights),
+        jax.grad(tilted_risk, argnums=1)(losses, t, weights),
+    )
+
+
+def tilted(losses, t, weights=None):
+    n = np.size(losses)
+    padded_losses, padded_weights = _pad(losses, weights)
+    value, pi, grad, grad_t = _tilted_outputs(padded_losses, t, padded_weights)
+    return float(value), np.asarray(pi)[:n], np.asarray(grad)[:n], float(grad_t)
+
+
+TILTED_LOSSES = [1.0, 2.0, 3.5, -0.5]
+TILTED_WEIGHTS = [1.0, 2.0, 1.0, 0.5]
+
+
 @pytest.mark.parametrize("t", [0.0, 1e-7, 1e-3, 0.5, 5.0, -5.0, 200.0, -200.0])
 def test_tilted_risk_matches_logsumexp(t):
-    losses = np.array([1.0, 2.0, 3.5, -0.5], np.float32)
-    weights = np.array([1.0, 2.0, 1.0, 0.5], np.float32)
-    wbar = weights.astype(np.float64) / weights.sum()
-    a = losses.astype(np.float64)
+    wbar = np.asarray(TILTED_WEIGHTS) / np.sum(TILTED_WEIGHTS)
+    a = np.asarray(TILTED_LOSSES, np.float64)
     if t == 0:
-        expected = wbar @ a
-        expected_pi = wbar
+        expected, expected_pi = wbar @ a, wbar
     else:
         expected = logsumexp(t * a, b=wbar) / t
         expected_pi = np.exp(t * a - logsumexp(t * a, b=wbar)) * wbar
-    np.testing.assert_allclose(tilted(losses, t, weights), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(tilted_weights(losses, t, weights), expected_pi, atol=1e-6)
+    value, pi, grad, grad_t = tilted(TILTED_LOSSES, t, TILTED_WEIGHTS)
+    np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pi, expected_pi, atol=1e-6)
+    np.testing.assert_allclose(grad, pi, atol=1e-6)
+    if t == 0:  # dR/dt at t = 0 is half the weighted variance
+        np.testing.assert_allclose(grad_t, wbar @ (a - wbar @ a) ** 2 / 2, rtol=1e-5)
 
 
-def test_tilted_gradients():
-    losses = jnp.array([1.0, 2.0, 3.5, -0.5], jnp.float32)
-    weights = jnp.array([1.0, 2.0, 1.0, 0.5], jnp.float32)
-    tilted_grad = jax.jit(jax.grad(tilted_risk))
-    for t in (0.0, 0.7, -2.0):
-        grad = tilted_grad(losses, t, weights)
-        np.testing.assert_allclose(grad, tilted_weights(losses, t, weights), atol=1e-6)
+def test_tilted_check_grads():
+    losses = jnp.asarray(TILTED_LOSSES, jnp.float32)
+    weights = jnp.asarray(TILTED_WEIGHTS, jnp.float32)
     for t in (0.7, -2.0):
         check_grads(
-            tilted,
+            jax.jit(tilted_risk),
             (losses, jnp.float32(t), weights),
             order=1,
             modes=("fwd", "rev"),
             eps=1e-3,
         )
-    # dR/dt at t = 0 is half the weighted variance.
-    wbar = np.asarray(weights) / np.sum(weights)
-    a = np.asarray(losses, np.float64)
-    variance = wbar @ (a - wbar @ a) ** 2
-    np.testing.assert_allclose(
-        jax.jit(jax.grad(tilted_risk, argnums=1))(losses, 0.0, weights),
-        variance / 2,
-        rtol=1e-5,
-    )
 
 
 def test_tilted_edge_cases():
-    losses = np.array([1.0, np.inf, 2.0, np.inf], np.float32)
-    weights = np.array([1.0, 1.0, 1.0, 3.0], np.float32)
-    assert float(tilted(losses, 1.0, weights)) == np.inf
-    np.testing.assert_allclose(tilted_weights(losses, 1.0, weights), [0, 0.25, 0, 0.75])
-    losses = np.array([1.0, np.nan], np.float32)
-    assert np.isnan(tilted(losses, 1.0))
-    np.testing.assert_allclose(tilted(losses, 1.0, np.array([1.0, 0.0], np.float32)), 1.0)
-    assert np.isnan(tilted(np.ones(2, np.float32), 1.0, np.zeros(2, np.float32)))
+    value, pi, _, _ = tilted([1.0, np.inf, 2.0, np.inf], 1.0, [1.0, 1.0, 1.0, 3.0])
+    assert value == np.inf
+    np.testing.assert_allclose(pi, [0, 0.25, 0, 0.75])
+    assert np.isnan(tilted([1.0, np.nan], 1.0)[0])
+    assert tilted([1.0, np.nan], 1.0, [1.0, 0.0])[0] == 1.0
+    assert np.isnan(tilted([1.0, 1.0], 1.0, [0.0, 0.0])[0])
     with pytest.raises(ValueError, match="t must be finite"):
         tilted_risk(np.ones(2), np.inf)
     # Large |t| tends to the max / min.
-    losses = np.array([0.1, 0.4, 0.3], np.float32)
-    np.testing.assert_allclose(tilted(losses, 1e4), 0.4, atol=1e-3)
-    np.testing.assert_allclose(tilted(losses, -1e4), 0.1, atol=1e-3)
+    np.testing.assert_allclose(tilted([0.1, 0.4, 0.3], 1e4)[0], 0.4, atol=1e-3)
+    np.testing.assert_allclose(tilted([0.1, 0.4, 0.3], -1e4)[0], 0.1, atol=1e-3)
 
 
 def test_tilted_vmap_over_t():
-    losses = np.random.default_rng(8).normal(size=7).astype(np.float32)
+    losses, weights = _pad(np.random.default_rng(8).normal(size=7))
     ts = np.array([-3.0, 0.0, 1e-6, 2.0], np.float32)
-    batched = jax.jit(jax.vmap(tilted_risk, in_axes=(None, 0)))(losses, ts)
-    looped = [tilted(losses, t) for t in ts]
-    np.testing.assert_allclose(batched, looped, rtol=1e-6)
-
+    batched = jax.jit(jax.vmap(_tilted_outputs, in_axes=(None, 0, None)))(losses, ts, weights)
+    for i, t in enumerate(ts):
+        looped = _tilted_outputs(losses, t, weights)
+        for got, expected in zip(batched, looped):
+            np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
