@@ -188,10 +188,11 @@ def noisy_histogram_sum_reference(
     num_bins, modulus = _validate(bins, noise, num_bins, modulus)
     size = tree_size(num_bins)
     nodes = node_indices(bins, num_bins)  # [n, log2 b]
-    nodes = jnp.where((bins >= 0)[:, None], nodes, -1)
-    one_hot = jnp.sum(
-        jax.nn.one_hot(nodes, size, dtype=jnp.uint32), axis=-2, dtype=jnp.uint32
-    )
+    column = jnp.arange(size, dtype=jnp.int32)[None, :]
+    one_hot = jnp.zeros((bins.shape[0], size), jnp.uint32)
+    for level in range(nodes.shape[-1]):
+        hit = (bins >= 0)[:, None] & (column == nodes[:, level : level + 1])
+        one_hot = one_hot + hit.astype(jnp.uint32)
     scaled = one_hot * _scale_residue(scale, modulus)[0]
     messages = add_mod(scaled, mod_signed(noise, modulus), modulus)
     return sum_mod(messages, modulus, axis=0)

@@ -150,9 +150,14 @@ def client_histograms(values, num_bins: int, upper) -> jax.Array:
     """
     bins = bin_index(values, num_bins, upper)
     nodes = node_indices(bins, num_bins)  # [n, L]
-    valid = (bins >= 0)[..., None]
-    one_hot = jax.nn.one_hot(jnp.where(valid, nodes, -1), tree_size(num_bins), dtype=jnp.uint32)
-    return jnp.sum(one_hot, axis=-2, dtype=jnp.uint32)
+    valid = bins >= 0
+    # One [n, 2b - 2] comparison per level (not an [n, L, 2b - 2] one-hot).
+    column = jnp.arange(tree_size(num_bins), dtype=jnp.int32)[None, :]
+    histograms = jnp.zeros((bins.shape[0], tree_size(num_bins)), jnp.uint32)
+    for level in range(nodes.shape[-1]):
+        hit = valid[:, None] & (column == nodes[:, level : level + 1])
+        histograms = histograms + hit.astype(jnp.uint32)
+    return histograms
 
 
 def _scale_residue(scale, modulus: int) -> jax.Array:
