@@ -92,8 +92,11 @@ def afl(
     'afl_lambda_lr' (gamma_lambda > 0, default 0.01).
 
     Args:
-      task, local, clients_per_round, strategy, server_tx: as
-        `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
       num_clients: N, the training clients the mixture is over; the round
         must be given a population of that size.
 
@@ -106,7 +109,8 @@ def afl(
     """
     if num_clients < clients_per_round:
         raise ValueError(
-            f"afl: num_clients={num_clients} is below clients_per_round={clients_per_round}"
+            f"afl: num_clients={num_clients} is below "
+            f"clients_per_round={clients_per_round}"
         )
 
     def aggregate(
@@ -125,11 +129,17 @@ def afl(
             )
         weights = mixture[cohort.client_ids]
         new_mixture = lambda_ascent(
-            mixture, cohort.client_ids, cohort.initial_loss, state.hparams["afl_lambda_lr"]
+            mixture,
+            cohort.client_ids,
+            cohort.initial_loss,
+            state.hparams["afl_lambda_lr"],
         )
         metrics = {"lambda_max": jnp.max(new_mixture)}
         return Aggregation(
-            weighted_mean(results.deltas, weights), weights, {"lambda": new_mixture}, metrics
+            weighted_mean(results.deltas, weights),
+            weights,
+            {"lambda": new_mixture},
+            metrics,
         )
 
     algorithm = weighted_averaging_algorithm(

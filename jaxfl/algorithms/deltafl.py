@@ -158,8 +158,12 @@ def deltafl(
       'dp_scale' c >= 1 (default 10, rounded to an integer), for 'dp'.
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       reweighting: 'threshold', 'exact', 'dp' or 'smoothed' (static).
       filtering: 'server' or 'client' (client self-filtering; needs a
         threshold: 'threshold' or 'dp').

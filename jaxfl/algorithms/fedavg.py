@@ -146,9 +146,7 @@ Reweight = Callable[
 Plan = Callable[[Cohort, ServerState, Key], ClientPlan]
 # aggregate(results, cohort, plan, state, key) -> Aggregation; `state.extra`
 # is already the plan's.
-Aggregate = Callable[
-    [CohortResults, Cohort, ClientPlan, ServerState, Key], Aggregation
-]
+Aggregate = Callable[[CohortResults, Cohort, ClientPlan, ServerState, Key], Aggregation]
 
 
 def default_weights(cohort: Cohort, plan: ClientPlan) -> jax.Array:
@@ -235,10 +233,16 @@ def weighted_averaging_algorithm(
 
     def default_aggregate(results, cohort, client_plan, state, key):
         if reweight is None:
-            weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
+            weights, extra, metrics = (
+                default_weights(cohort, client_plan),
+                state.extra,
+                {},
+            )
         else:
             weights, extra, metrics = reweight(results, cohort.alpha, state, key)
-        return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
+        return Aggregation(
+            weighted_mean(results.deltas, weights), weights, extra, metrics
+        )
 
     def round_fn(
         state: ServerState, population: ClientPopulation, key: Key
@@ -251,9 +255,13 @@ def weighted_averaging_algorithm(
         keys = round_keys(key, state.round)
         plan_key, aggregate_key = jax.random.split(keys.server)
         client_ids = sample_cohort(keys.sampling, population, clients_per_round)
-        cohort = Cohort(client_ids, population.client_weights(client_weighting)[client_ids])
+        cohort = Cohort(
+            client_ids, population.client_weights(client_weighting)[client_ids]
+        )
         if plan_uses_loss:
-            losses, errors = cohort_losses(task, strategy, state.params, population, client_ids)
+            losses, errors = cohort_losses(
+                task, strategy, state.params, population, client_ids
+            )
             cohort = cohort._replace(initial_loss=losses, initial_error=errors)
         client_plan = ClientPlan() if plan is None else plan(cohort, state, plan_key)
         if client_plan.extra is not None:
@@ -283,7 +291,9 @@ def weighted_averaging_algorithm(
         aggregation = (aggregate or default_aggregate)(
             results, cohort, client_plan, state, aggregate_key
         )
-        params, opt_state = apply_server_update(server_tx, state, aggregation.mean_delta)
+        params, opt_state = apply_server_update(
+            server_tx, state, aggregation.mean_delta
+        )
         trained = cohort.alpha
         if client_plan.active is not None:
             trained = jnp.where(client_plan.active, trained, 0.0)
@@ -297,9 +307,9 @@ def weighted_averaging_algorithm(
         }
         if cohort.initial_loss is not None:
             # F(w_t) over the cohort, alpha-weighted: what the plan saw.
-            metrics["cohort_loss"] = jnp.sum(cohort.alpha * cohort.initial_loss) / jnp.sum(
-                cohort.alpha
-            )
+            metrics["cohort_loss"] = jnp.sum(
+                cohort.alpha * cohort.initial_loss
+            ) / jnp.sum(cohort.alpha)
         metrics.update(client_plan.metrics or {})
         metrics.update(aggregation.metrics)
         new_state = ServerState(
@@ -370,8 +380,12 @@ def fedavg(
     """Federated averaging (see the module docstring).
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction of each cohort that straggles and is dropped
         (static; 0 compiles plain FedAvg).
 
@@ -386,5 +400,7 @@ def fedavg(
         strategy=strategy,
         server_tx=server_tx,
         client_weighting=client_weighting,
-        plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False),
+        plan=straggler_plan(
+            clients_per_round, stragglers, local.num_epochs, keep=False
+        ),
     )

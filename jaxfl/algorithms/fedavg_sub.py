@@ -28,7 +28,7 @@ from jaxfl.types import Key
 
 
 def subcohort_size(theta, clients_per_round: int):
-    """k = max(1, round(theta m)), traced if theta is."""
+    """The sub-cohort size k = max(1, round(theta m)), traced if theta is."""
     return jnp.maximum(jnp.round(theta * clients_per_round), 1).astype(jnp.int32)
 
 
@@ -47,8 +47,12 @@ def fedavg_sub(
     0.5), the fraction of the cohort that trains.
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
     Returns:
       The `FederatedAlgorithm`.

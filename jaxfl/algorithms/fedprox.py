@@ -44,8 +44,12 @@ def fedprox(
     (proximal weight >= 0, default 0.01).
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction in [0, 1) of each cohort that straggles (static).
 
     Returns:

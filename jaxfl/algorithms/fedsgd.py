@@ -43,9 +43,11 @@ def fedsgd(
     """FedSGD (see the module docstring).
 
     Args:
-      task, clients_per_round, strategy, server_tx, client_weighting: as
-        `jaxfl.algorithms.fedavg.weighted_averaging_algorithm` (there is no
-        local-training shape: it is one full-batch step).
+      task: model and loss.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
     Returns:
       The `FederatedAlgorithm`.

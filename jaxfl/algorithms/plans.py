@@ -153,7 +153,11 @@ def draw_stragglers(
     is_straggler = random_subset_mask(choice_key, client_ids, count)
     partial = jax.vmap(
         lambda i: jax.random.randint(
-            jax.random.fold_in(epochs_key, i), (), 1, max(max_epochs, 2), dtype=jnp.int32
+            jax.random.fold_in(epochs_key, i),
+            (),
+            1,
+            max(max_epochs, 2),
+            dtype=jnp.int32,
         )
     )(client_ids)
     num_epochs = jnp.where(is_straggler, partial, jnp.int32(max_epochs))

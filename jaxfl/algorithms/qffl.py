@@ -106,9 +106,13 @@ def qffl(
     Numeric hyperparameters: the local ones and 'q' >= 0 (default `q`).
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm` (`local`
-        is not used by q-FedSGD, whose local step is one full-batch step).
+      task: model and loss.
+      local: static local-training shape (q-FedAvg only: q-FedSGD's local
+        step is one full-batch step).
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       variant: 'fedavg' (q-FedAvg, thesis Algorithm 4) or 'fedsgd'
         (q-FedSGD, Algorithm 3).
       q: the default of the hyperparameter q.
@@ -121,7 +125,9 @@ def qffl(
       ValueError: an unknown variant or a negative q.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"qffl_variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        raise ValueError(
+            f"qffl_variant must be one of {', '.join(VARIANTS)}, got {variant!r}"
+        )
     if not q >= 0:
         raise ValueError(f"q must be >= 0, got {q}")
 

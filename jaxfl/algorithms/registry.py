@@ -101,7 +101,9 @@ def _shared(engine: Engine) -> dict[str, Any]:
 def _build_afl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     del options  # Unused.
     if engine.num_clients is None:
-        raise ValueError("afl needs the number of training clients (Engine.num_clients)")
+        raise ValueError(
+            "afl needs the number of training clients (Engine.num_clients)"
+        )
     return afl(
         engine.task,
         engine.local,
@@ -115,8 +117,11 @@ def _build_afl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm
 SPECS: dict[str, AlgorithmSpec] = {
     "fedavg": AlgorithmSpec(
         lambda engine, options: fedavg(
-            engine.task, engine.local, engine.clients_per_round,
-            stragglers=options["stragglers"], **_shared(engine),
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            stragglers=options["stragglers"],
+            **_shared(engine),
         ),
         "FedAvg (McMahan et al. 2017): average of local SGD updates; drops stragglers",
         options={"stragglers": 0.0},
@@ -136,8 +141,11 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
     "fedprox": AlgorithmSpec(
         lambda engine, options: fedprox(
-            engine.task, engine.local, engine.clients_per_round,
-            stragglers=options["stragglers"], **_shared(engine),
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            stragglers=options["stragglers"],
+            **_shared(engine),
         ),
         "FedProx (thesis ch. 3): proximal term mu; keeps stragglers' partial work",
         hparams=("mu",),
@@ -145,8 +153,11 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
     "qffl": AlgorithmSpec(
         lambda engine, options: qffl(
-            engine.task, engine.local, engine.clients_per_round,
-            variant=options["qffl_variant"], **_shared(engine),
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            variant=options["qffl_variant"],
+            **_shared(engine),
         ),
         "q-FFL (thesis ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
         hparams=("q",),
@@ -159,8 +170,12 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
     "afl-qffl": AlgorithmSpec(
         lambda engine, options: qffl(
-            engine.task, engine.local, engine.clients_per_round,
-            variant=options["qffl_variant"], q=AFL_QFFL_Q, name="afl-qffl",
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            variant=options["qffl_variant"],
+            q=AFL_QFFL_Q,
+            name="afl-qffl",
             **_shared(engine),
         ),
         "AFL as q-FFL with large q (q = 10; 004 Section 7.2, Appendix C.2)",
@@ -176,15 +191,23 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
     "deltafl": AlgorithmSpec(
         lambda engine, options: deltafl(
-            engine.task, engine.local, engine.clients_per_round,
-            reweighting=options["reweighting"], filtering=options["filtering"],
-            dp_bins=options["dp_bins"], dp_bits=options["dp_bits"],
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            reweighting=options["reweighting"],
+            filtering=options["filtering"],
+            dp_bins=options["dp_bins"],
+            dp_bits=options["dp_bits"],
             **_shared(engine),
         ),
         "Delta-FL (004, 000): superquantile of client losses, tail fraction theta",
         hparams=(
-            "theta", "threshold_period", "smoothing",
-            "dp_loss_bound", "dp_sigma", "dp_scale",
+            "theta",
+            "threshold_period",
+            "smoothing",
+            "dp_loss_bound",
+            "dp_sigma",
+            "dp_scale",
         ),
         options={
             "reweighting": "exact",

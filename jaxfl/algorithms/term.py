@@ -49,8 +49,12 @@ def term(
     default 1).
 
     Args:
-      task, local, clients_per_round, strategy, server_tx, client_weighting:
-        as `jaxfl.algorithms.fedavg.weighted_averaging_algorithm`.
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: M, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -58,7 +62,9 @@ def term(
 
     def reweight(results: CohortResults, alpha, state: ServerState, key: Key):
         del key  # Unused.
-        weights = tilted_risk_weights(results.initial_loss, state.hparams["tilt"], alpha)
+        weights = tilted_risk_weights(
+            results.initial_loss, state.hparams["tilt"], alpha
+        )
         return weights, state.extra, {}
 
     return weighted_averaging_algorithm(

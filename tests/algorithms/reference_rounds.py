@@ -28,6 +28,11 @@ from jaxfl.training import LocalTraining, Task
 from jaxfl.training.cohort import round_keys, sample_cohort
 from jaxfl.training.local import epoch_orders
 
+# The engine's own random choices, jitted once here (called op by op, their
+# loops would be traced and compiled again at every call).
+_sample_cohort = jax.jit(sample_cohort, static_argnums=2)
+_epoch_orders = jax.jit(epoch_orders, static_argnums=(2, 3))
+
 # Distinct sizes, so that client losses are distinct (no ties) in practice.
 SIZES = [7, 23, 10, 2, 31, 12, 5, 18]
 POPULATION = tiny_population(SIZES, seed=4)
@@ -42,7 +47,10 @@ def initial_params(scale: float = 0.5):
     keys = jax.random.split(jax.random.key(42), len(leaves))
     return jax.tree.unflatten(
         treedef,
-        [scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)],
+        [
+            scale * jax.random.normal(k, x.shape, x.dtype)
+            for k, x in zip(keys, leaves, strict=True)
+        ],
     )
 
 
@@ -150,49 +158,73 @@ def reference_rounds(
     memory, history = {}, []
     for r in range(num_rounds):
         keys = round_keys(key, jnp.int32(r))
-        ids = np.asarray(sample_cohort(keys.sampling, population, clients_per_round))
-        alpha = counts[ids].astype(np.float64) if weighting == "num_examples" else (
-            np.ones(len(ids))
+        ids = np.asarray(_sample_cohort(keys.sampling, population, clients_per_round))
+        alpha = (
+            counts[ids].astype(np.float64)
+            if weighting == "num_examples"
+            else (np.ones(len(ids)))
         )
         data = [population.client(int(i)) for i in ids]
         losses = np.array(
             [client_loss_reference(kernel, bias, d["x"], d["y"])[0] for d in data]
         )
-        decision = {} if plan is None else plan(r, ids, alpha, losses, plan_key(key, r), memory)
+        decision = (
+            {}
+            if plan is None
+            else plan(r, ids, alpha, losses, plan_key(key, r), memory)
+        )
         active = np.asarray(decision.get("active", np.ones(len(ids), bool)))
         epochs = decision.get("epochs", [local.num_epochs] * len(ids))
         deltas = []
-        for j, (i, d) in enumerate(zip(ids, data)):
+        for j, (i, d) in enumerate(zip(ids, data, strict=True)):
             if not active[j]:
                 deltas.append((np.zeros_like(kernel), np.zeros_like(bias)))
                 continue
             if full_batch:
-                g_kernel, g_bias, _ = softmax_regression_grad(kernel, bias, d["x"], d["y"])
+                g_kernel, g_bias, _ = softmax_regression_grad(
+                    kernel, bias, d["x"], d["y"]
+                )
                 k = (1 - lr * l2) * kernel - lr * g_kernel
                 b = (1 - lr * l2) * bias - lr * g_bias
             else:
-                orders = epoch_orders(
+                orders = _epoch_orders(
                     jax.random.fold_in(keys.clients, int(i)),
                     population.counts[i],
                     population.max_count,
                     local.num_epochs,
                 )
                 k, b, _ = local_sgd_reference(
-                    kernel, bias, d["x"], d["y"], np.asarray(orders),
-                    batch_size=local.batch_size, num_epochs=int(epochs[j]),
-                    lr=lr, l2=l2, mu=mu,
+                    kernel,
+                    bias,
+                    d["x"],
+                    d["y"],
+                    np.asarray(orders),
+                    batch_size=local.batch_size,
+                    num_epochs=int(epochs[j]),
+                    lr=lr,
+                    l2=l2,
+                    mu=mu,
                 )
             deltas.append((k - kernel, b - bias))
         if aggregate is None:
             weights = np.asarray(decision.get("weights", alpha), np.float64)
             coefficients = normalized(np.where(active, weights, 0.0))
         else:
-            coefficients = np.asarray(aggregate(ids, alpha, losses, deltas, decision, memory))
-        kernel = kernel + sum(c * d[0] for c, d in zip(coefficients, deltas))
-        bias = bias + sum(c * d[1] for c, d in zip(coefficients, deltas))
+            coefficients = np.asarray(
+                aggregate(ids, alpha, losses, deltas, decision, memory)
+            )
+        kernel = kernel + sum(
+            c * d[0] for c, d in zip(coefficients, deltas, strict=True)
+        )
+        bias = bias + sum(c * d[1] for c, d in zip(coefficients, deltas, strict=True))
         history.append(
-            {**decision, "ids": ids, "losses": losses, "coefficients": coefficients,
-             "active": active}
+            {
+                **decision,
+                "ids": ids,
+                "losses": losses,
+                "coefficients": coefficients,
+                "active": active,
+            }
         )
     return kernel, bias, history
 

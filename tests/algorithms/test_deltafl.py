@@ -33,15 +33,28 @@ DP_BINS = 16
 
 
 @functools.cache
-def build(reweighting, filtering="server", weighting="num_examples", clients=M,
-          strategy="vmap"):
+def build(
+    reweighting,
+    filtering="server",
+    weighting="num_examples",
+    clients=M,
+    strategy="vmap",
+):
     """One compiled round per static setting, shared by the tests."""
-    kind = ClientStrategy("sharded", inner="sequential") if strategy == "sharded" else (
-        ClientStrategy(strategy)
+    kind = (
+        ClientStrategy("sharded", inner="sequential")
+        if strategy == "sharded"
+        else (ClientStrategy(strategy))
     )
     return deltafl(
-        TASK, LOCAL, clients, strategy=kind, client_weighting=weighting,
-        reweighting=reweighting, filtering=filtering, dp_bins=DP_BINS,
+        TASK,
+        LOCAL,
+        clients,
+        strategy=kind,
+        client_weighting=weighting,
+        reweighting=reweighting,
+        filtering=filtering,
+        dp_bins=DP_BINS,
     )
 
 
@@ -109,8 +122,11 @@ def deltafl_plan(reweighting, theta, *, period=1, nu=0.1):
                 else np_dp_threshold(losses, theta, DP["dp_loss_bound"], DP_BINS)
             )
         passes = losses >= memory["threshold"]
-        return dict(weights=np.where(passes, alpha, 0.0), active=passes,
-                    threshold=memory["threshold"])
+        return dict(
+            weights=np.where(passes, alpha, 0.0),
+            active=passes,
+            threshold=memory["threshold"],
+        )
 
     return plan
 
@@ -120,28 +136,26 @@ def expected_local_steps(ids, active):
     return np.mean(np.where(active, steps, 0))
 
 
-CASES = {
-    "threshold": dict(threshold_period=2),
-    "exact": {},
-    "smoothed": dict(smoothing=0.3),
-    "dp": dict(DP),
-}
-
-
-@pytest.mark.parametrize("reweighting", list(CASES))
-def test_rounds_equal_numpy_reference(reweighting):
-    theta, num_rounds = 0.5, 4
-    hparams = dict(CASES[reweighting], theta=theta)
+def check_against_reference(reweighting, hparams, num_rounds=4):
+    """Runs Delta-FL and the NumPy loop from the same start; compares models
+    and per-round metrics. Returns the metrics."""
+    theta = hparams["theta"]
     state, metrics = run(build(reweighting), hparams, num_rounds)
     kernel, bias, history = reference_rounds(
-        initial_params(), KEY, num_rounds, clients_per_round=M, lr=LR,
+        initial_params(),
+        KEY,
+        num_rounds,
+        clients_per_round=M,
+        lr=LR,
         plan=deltafl_plan(
-            reweighting, theta, period=hparams.get("threshold_period", 1),
+            reweighting,
+            theta,
+            period=hparams.get("threshold_period", 1),
             nu=hparams.get("smoothing", 0.1),
         ),
     )
     assert_params_close(state.params, kernel, bias)
-    for got, want in zip(metrics, history):
+    for got, want in zip(metrics, history, strict=True):
         assert got["clients_with_weight"] == np.sum(want["coefficients"] > 0)
         # Clients without weight do not train.
         np.testing.assert_allclose(
@@ -149,24 +163,79 @@ def test_rounds_equal_numpy_reference(reweighting):
         )
         if "threshold" in want:
             np.testing.assert_allclose(got["threshold"], want["threshold"], rtol=1e-5)
-    if reweighting in ("threshold", "dp"):
-        assert [bool(m["threshold_recomputed"]) for m in metrics] == (
-            [True, False, True, False] if reweighting == "threshold" else [True] * 4
-        )
+    return metrics
 
 
-@pytest.mark.parametrize("reweighting", ["threshold", "exact", "smoothed"])
-def test_theta_one_is_fedavg(reweighting):
-    # (With T_eta > 1 a stored threshold can filter clients even at theta = 1.)
-    hparams = dict(CASES[reweighting], theta=1.0, threshold_period=1)
-    if reweighting != "threshold":
-        del hparams["threshold_period"]
-    state, metrics = run(build(reweighting), hparams, 3)
-    assert all(m["clients_with_weight"] == M for m in metrics)
+def check_theta_one_is_fedavg(reweighting, hparams):
     # The NumPy FedAvg loop, which tests/algorithms/test_fedavg.py checks
     # against the compiled FedAvg.
-    kernel, bias = fedavg_reference(initial_params(), KEY, 3, clients_per_round=M, lr=LR)
+    state, metrics = run(build(reweighting), dict(hparams, theta=1.0), 3)
+    assert all(m["clients_with_weight"] == M for m in metrics)
+    kernel, bias = fedavg_reference(
+        initial_params(), KEY, 3, clients_per_round=M, lr=LR
+    )
     assert_params_close(state.params, kernel, bias)
+
+
+# Each test below uses its own compiled rounds (tests sharing one would each
+# compile it on a different pytest-xdist worker).
+
+
+def test_threshold_reweighting_its_period_and_self_filtering():
+    # Algorithm 1 with T_eta = 2 against the NumPy loop.
+    metrics = check_against_reference("threshold", dict(theta=0.5, threshold_period=2))
+    assert [bool(m["threshold_recomputed"]) for m in metrics] == [True, False] * 2
+    # theta = 1 is FedAvg (with T_eta = 1: a stored threshold can filter
+    # clients of a later cohort even at theta = 1).
+    check_theta_one_is_fedavg("threshold", dict(threshold_period=1))
+
+    # T_eta = 3 reuses the threshold of rounds 0 and 3.
+    _, metrics = run(build("threshold"), dict(theta=0.5, threshold_period=3), 5)
+    thresholds = [float(m["threshold"]) for m in metrics]
+    assert [bool(m["threshold_recomputed"]) for m in metrics] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
+    assert thresholds[0] == thresholds[1] == thresholds[2]
+    assert thresholds[3] == thresholds[4] != thresholds[0]
+    # A fresh threshold each round would have differed (the model moved).
+    _, fresh = run(build("threshold"), dict(theta=0.5, threshold_period=1), 2)
+    assert float(fresh[1]["threshold"]) != thresholds[1]
+    # Client self-filtering (000 Algorithm 3) gives exactly the same rounds.
+    hparams = dict(threshold_period=2, theta=0.4)
+    server, server_metrics = run(build("threshold", "server"), hparams, 4)
+    client, client_metrics = run(build("threshold", "client"), hparams, 4)
+    jax.tree.map(np.testing.assert_array_equal, server.params, client.params)
+    np.testing.assert_array_equal(server.extra["threshold"], client.extra["threshold"])
+    for a, b in zip(server_metrics, client_metrics, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_exact_reweighting():
+    # Algorithm 3 (fractional boundary client: theta m = 2.5).
+    check_against_reference("exact", dict(theta=0.5))
+    check_theta_one_is_fedavg("exact", {})
+
+
+def test_smoothed_reweighting():
+    check_against_reference("smoothed", dict(theta=0.5, smoothing=0.3))
+    check_theta_one_is_fedavg("smoothed", dict(smoothing=0.3))
+
+
+def test_dp_reweighting():
+    # Without noise: the histogram quantile of 004 eq. 8.
+    metrics = check_against_reference("dp", dict(DP, theta=0.5))
+    assert all(bool(m["threshold_recomputed"]) for m in metrics)
+    # With noise, the threshold is still a bin edge.
+    _, metrics = run(build("dp"), dict(DP, dp_sigma=3.0, dp_scale=1.0, theta=0.3), 3)
+    edges = np.arange(1, DP_BINS + 1) * DP["dp_loss_bound"] / DP_BINS
+    for m in metrics:
+        assert np.min(np.abs(edges - m["threshold"])) < 1e-5
 
 
 def test_algorithm_1_equals_algorithm_3_when_theta_m_is_an_integer():
@@ -177,59 +246,31 @@ def test_algorithm_1_equals_algorithm_3_when_theta_m_is_an_integer():
     )
     jax.tree.map(
         lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
-        a.params, b.params,
+        a.params,
+        b.params,
     )
-    for m1, m3 in zip(a_metrics, b_metrics):
+    for m1, m3 in zip(a_metrics, b_metrics, strict=True):
         assert m1["clients_with_weight"] == m3["clients_with_weight"] == 2
-
-
-def test_algorithms_1_and_3_differ_by_the_boundary_client():
-    # theta m = 2.5: Algorithm 3 gives the boundary client half weight, and
-    # Algorithm 1 full weight, so the models differ (the test above can fail).
+    # theta m = 2.5: Algorithm 3 gives the boundary client half weight and
+    # Algorithm 1 full weight, so the models differ (the check above can fail).
     a, _ = run(build("threshold", weighting="uniform"), {"theta": 0.5})
     b, _ = run(build("exact", weighting="uniform"), {"theta": 0.5})
     assert not np.allclose(a.params["dense"]["kernel"], b.params["dense"]["kernel"])
-
-
-def test_client_self_filtering_equals_server_filtering():
-    hparams = dict(threshold_period=2, theta=0.4)
-    server, server_metrics = run(build("threshold", "server"), hparams, 4)
-    client, client_metrics = run(build("threshold", "client"), hparams, 4)
-    jax.tree.map(np.testing.assert_array_equal, server.params, client.params)
-    np.testing.assert_array_equal(server.extra["threshold"], client.extra["threshold"])
-    for a, b in zip(server_metrics, client_metrics):
-        assert a.keys() == b.keys()
-        for name in a:
-            np.testing.assert_array_equal(a[name], b[name])
-
-
-def test_threshold_period_reuses_the_threshold():
-    _, metrics = run(build("threshold"), dict(theta=0.5, threshold_period=3), 5)
-    thresholds = [float(m["threshold"]) for m in metrics]
-    assert [bool(m["threshold_recomputed"]) for m in metrics] == [
-        True, False, False, True, False
-    ]
-    assert thresholds[0] == thresholds[1] == thresholds[2]
-    assert thresholds[3] == thresholds[4] != thresholds[0]
-    # A fresh threshold each round would have differed (the model moved).
-    _, fresh = run(build("threshold"), dict(theta=0.5, threshold_period=1), 2)
-    assert float(fresh[1]["threshold"]) != thresholds[1]
-
-
-def test_dp_threshold_with_noise_lies_on_the_bin_edges():
-    _, metrics = run(build("dp"), dict(DP, dp_sigma=3.0, dp_scale=1.0, theta=0.3), 3)
-    edges = np.arange(1, DP_BINS + 1) * DP["dp_loss_bound"] / DP_BINS
-    for m in metrics:
-        assert np.min(np.abs(edges - m["threshold"])) < 1e-5
 
 
 def test_sharded_clients_equal_the_reference():
     # The pre-training loss pass and inactive clients on 8 devices (M = 5
     # padded to 8).
     strategy = ClientStrategy("sharded", inner="sequential")
-    state, _ = run(build("exact", strategy="sharded"), {"theta": 0.5}, 2, strategy=strategy)
+    state, _ = run(
+        build("exact", strategy="sharded"), {"theta": 0.5}, 2, strategy=strategy
+    )
     kernel, bias, _ = reference_rounds(
-        initial_params(), KEY, 2, clients_per_round=M, lr=LR,
+        initial_params(),
+        KEY,
+        2,
+        clients_per_round=M,
+        lr=LR,
         plan=deltafl_plan("exact", 0.5),
     )
     assert_params_close(state.params, kernel, bias)

@@ -1,0 +1,134 @@
+"""The registry: every entry's hyperparameters and options are run settings
+with the same defaults, options are checked, and the runner passes each
+algorithm exactly its hyperparameters."""
+
+import dataclasses
+
+import pytest
+from algorithms.reference_rounds import LOCAL, SIZES, TASK
+
+from jaxfl.algorithms import (
+    SPECS,
+    Engine,
+    algorithm_names,
+    build_algorithm,
+    hparam_fields,
+    server_optimizer,
+)
+from jaxfl.algorithms.fedavg import LOCAL_HPARAM_DEFAULTS
+from jaxfl.experiment.config import FIELDS, RunConfig, make_config
+from jaxfl.experiment.runner import (
+    algorithm_hparams,
+    algorithm_options,
+    ignored_settings,
+)
+from jaxfl.training import ClientStrategy
+
+ENGINE = Engine(
+    TASK,
+    LOCAL,
+    4,
+    ClientStrategy("vmap"),
+    server_optimizer("sgd"),
+    "num_examples",
+    num_clients=len(SIZES),
+)
+DEFAULTS = RunConfig()
+
+
+def test_the_issue_s_cli_names_are_registered():
+    assert {
+        "fedavg",
+        "fedavg-sub",
+        "fedsgd",
+        "fedprox",
+        "qffl",
+        "afl",
+        "term",
+        "deltafl",
+        "afl-qffl",
+    } == set(algorithm_names())
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_declared_settings_are_run_settings_with_the_same_defaults(name):
+    spec = SPECS[name]
+    for option, default in spec.options.items():
+        assert option in FIELDS and getattr(DEFAULTS, option) == default, option
+    # Every option of every reweighting etc.: build with each choice.
+    algorithm = build_algorithm(name, ENGINE)
+    assert set(algorithm.hparam_defaults) == set(hparam_fields(name, algorithm))
+    for field in hparam_fields(name, algorithm):
+        assert field in FIELDS
+        if field in LOCAL_HPARAM_DEFAULTS or getattr(DEFAULTS, field) is None:
+            continue
+        assert algorithm.hparam_defaults[field] == float(getattr(DEFAULTS, field)), (
+            field
+        )
+
+
+@pytest.mark.parametrize("reweighting", ["threshold", "exact", "dp", "smoothed"])
+def test_deltafl_takes_the_hyperparameters_of_its_reweighting(reweighting):
+    algorithm = build_algorithm("deltafl", ENGINE, {"reweighting": reweighting})
+    extra = set(hparam_fields("deltafl", algorithm)) - set(LOCAL_HPARAM_DEFAULTS)
+    assert (
+        extra
+        == {
+            "threshold": {"theta", "threshold_period"},
+            "exact": {"theta"},
+            "dp": {
+                "theta",
+                "threshold_period",
+                "dp_loss_bound",
+                "dp_sigma",
+                "dp_scale",
+            },
+            "smoothed": {"theta", "smoothing"},
+        }[reweighting]
+    )
+
+
+def test_runner_passes_each_algorithm_its_hyperparameters():
+    config = make_config(
+        dict(
+            algorithm="deltafl,qffl,afl-qffl,fedprox",
+            theta=0.3,
+            q=None,
+            mu=0.2,
+            lr=0.05,
+            reweighting="smoothed",
+            smoothing=0.7,
+        )
+    )
+    got = {}
+    for name in config.algorithms:
+        algorithm = build_algorithm(name, ENGINE, algorithm_options(config, name))
+        got[name] = algorithm_hparams(config, name, algorithm)
+        algorithm.init(TASK.model.init(__import__("jax").random.key(0)), got[name])
+    assert got["deltafl"]["theta"] == 0.3 and got["deltafl"]["smoothing"] == 0.7
+    assert (
+        "q" not in got["qffl"] and "q" not in got["afl-qffl"]
+    )  # Their defaults: 1, 10.
+    assert got["fedprox"] == {**got["fedprox"], "mu": 0.2, "lr": 0.05}
+    assert "theta" not in got["fedprox"]
+    with_q = dataclasses.replace(config, q=2.0)
+    algorithm = build_algorithm("afl-qffl", ENGINE)
+    assert algorithm_hparams(with_q, "afl-qffl", algorithm)["q"] == 2.0
+
+
+def test_settings_no_chosen_algorithm_uses_are_reported():
+    config = make_config(dict(algorithm="fedavg,term", theta=0.3, tilt=2.0, mu=0.5))
+    algorithms = {
+        name: build_algorithm(name, ENGINE, algorithm_options(config, name))
+        for name in config.algorithms
+    }
+    assert ignored_settings(config, algorithms) == ("mu", "theta")
+
+
+def test_unknown_options_and_missing_population_size_raise():
+    with pytest.raises(ValueError, match="deltafl has no option colour"):
+        build_algorithm("deltafl", ENGINE, {"colour": "red"})
+    with pytest.raises(ValueError, match="unknown algorithm 'fedfoo'"):
+        build_algorithm("fedfoo", ENGINE)
+    with pytest.raises(ValueError, match="num_clients"):
+        build_algorithm("afl", dataclasses.replace(ENGINE, num_clients=None))

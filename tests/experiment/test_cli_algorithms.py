@@ -1,0 +1,181 @@
+"""Every algorithm from the command line, with its flags; bad algorithm
+settings exit 2 with one line; unused settings are accepted with a warning."""
+
+import json
+
+import pytest
+
+from jaxfl.algorithms import algorithm_names
+from jaxfl.cli import main
+from jaxfl.experiment.config import make_config
+from jaxfl.experiment.runner import setup
+
+# The tiny run of tests/experiment/test_cli.py.
+TINY = [
+    "--dataset-option",
+    "num_train_clients=40",
+    "--dataset-option",
+    "num_validation_clients=0",
+    "--dataset-option",
+    "num_test_clients=20",
+    "--dataset-option",
+    "pool_size=20000",
+    "--rounds",
+    "4",
+    "--clients-per-round",
+    "5",
+    "--eval-every",
+    "2",
+    "--no-progress",
+]
+FLAGS = [
+    "--rounds",
+    "1",
+    "--eval-every",
+    "1",
+    "--local-epochs",
+    "2",
+    "--theta",
+    "0.4",
+    "--mu",
+    "0.1",
+    "--q",
+    "0.5",
+    "--tilt",
+    "0.5",
+    "--stragglers",
+    "0.4",
+    "--reweighting",
+    "threshold",
+    "--threshold-period",
+    "2",
+    "--filtering",
+    "client",
+    "--afl-lambda-lr",
+    "0.05",
+    "--qffl-variant",
+    "fedsgd",
+]
+
+
+# Three comparisons of three algorithms: every algorithm runs, and runs of
+# several algorithms give each its own hyperparameters.
+GROUPS = [
+    ["fedavg", "fedavg-sub", "deltafl"],
+    ["fedsgd", "fedprox", "qffl"],
+    ["afl", "afl-qffl", "term"],
+]
+
+
+def test_the_groups_cover_every_algorithm():
+    assert sorted(sum(GROUPS, [])) == sorted(algorithm_names())
+
+
+@pytest.mark.parametrize("names", GROUPS, ids=["-".join(g) for g in GROUPS])
+def test_every_algorithm_runs_from_the_cli(names, tmp_path, capsys):
+    out = tmp_path / "run"
+    status = main(
+        ["run", *TINY, *FLAGS, "--algorithm", ",".join(names), "--out", str(out)]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    for name in names:
+        assert f"\n{name} " in captured.out
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert 0.0 <= summary["test_error"]["mean"] <= 1.0
+        config = json.loads((out / name / "config.json").read_text())
+        assert config["algorithm"] == name and config["theta"] == 0.4
+    metrics = {
+        name: json.loads((out / name / "metrics.jsonl").read_text())["round_metrics"]
+        for name in names
+    }
+    if "deltafl" in names:
+        assert {"clients_with_weight", "threshold"} <= set(metrics["deltafl"])
+        assert metrics["fedavg-sub"]["clients_with_weight"] == 2  # round(0.4 * 5)
+        assert metrics["fedavg"]["stragglers"] == 2  # --stragglers 0.4, dropped.
+    if "fedprox" in names:
+        assert metrics["fedprox"]["stragglers"] == 2
+        assert metrics["fedsgd"]["local_steps"] == 1
+
+
+def test_settings_reach_the_state_hyperparameters():
+    config = make_config(
+        dict(
+            algorithm="deltafl,fedavg-sub,term",
+            theta=0.4,
+            tilt=-1.5,
+            clients_per_round=5,
+            dataset_options=dict(
+                num_train_clients=40,
+                num_validation_clients=0,
+                num_test_clients=20,
+                pool_size=20000,
+            ),
+        )
+    )
+    run_setup = setup(config)
+    assert run_setup.hparams["deltafl"]["theta"] == 0.4
+    assert run_setup.hparams["fedavg-sub"]["theta"] == 0.4
+    assert run_setup.hparams["term"]["tilt"] == -1.5
+    assert "theta" not in run_setup.hparams["term"]
+    assert run_setup.ignored_settings == ()
+
+
+def test_unused_settings_are_accepted_with_a_warning(capsys):
+    config = make_config(
+        dict(
+            algorithm="fedavg",
+            theta=0.3,
+            reweighting="smoothed",
+            clients_per_round=5,
+            dataset_options=dict(
+                num_train_clients=40,
+                num_validation_clients=0,
+                num_test_clients=20,
+                pool_size=20000,
+            ),
+        )
+    )
+    run_setup = setup(config)
+    err = capsys.readouterr().err
+    assert run_setup.ignored_settings == ("reweighting", "theta")
+    assert "jaxfl: warning: theta is not used by fedavg; ignored" in err
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ["--algorithm", "deltafl", "--filtering", "client"],
+            ["deltafl", "filtering", "threshold or dp"],
+        ),
+        (
+            ["--algorithm", "fedprox", "--stragglers", "0.5"],
+            ["fedprox", "local_epochs >= 2"],
+        ),
+        (
+            ["--algorithm", "deltafl", "--reweighting", "median"],
+            ["reweighting", "exact"],
+        ),
+        (["--algorithm", "deltafl", "--dp-bins", "48"], ["dp_bins", "power of two"]),
+        (["--theta", "0"], ["theta", "(0.0, 1.0]"]),
+        (["--theta", "1.5"], ["theta", "(0.0, 1.0]"]),
+        (["--stragglers", "1"], ["stragglers", "[0.0, 1.0)"]),
+        (["--q", "-1"], ["q", ">= 0"]),
+        (["--mu", "-0.1"], ["mu", ">= 0"]),
+        (["--smoothing", "0"], ["smoothing", "> 0"]),
+        (["--threshold-period", "0"], ["threshold_period", ">= 1"]),
+        (["--afl-lambda-lr", "0"], ["afl_lambda_lr", "> 0"]),
+        (["--dp-bits", "40"], ["dp_bits", "[2, 32]"]),
+        (["--qffl-variant", "sgd"], ["qffl_variant", "fedavg"]),
+    ],
+)
+def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    status = main(["run", *TINY, *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("jaxfl: error: "), err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists()
