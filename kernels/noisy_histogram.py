@@ -4,9 +4,9 @@ The hot path of `jaxfl.primitives.dp_quantile` (004 Algorithm 2, lines 1-3):
 every client i one-hot encodes its level-0 bin in the 2b - 2 nodes of the
 tree, scales by c, adds its discrete Gaussian noise and reduces modulo M; the
 secure sum adds the n messages modulo M. The reference materializes the
-[n, 2b - 2] messages; the kernel builds each block of clients' messages in
-registers/VMEM and accumulates their modular sum, so only the noise is read
-from memory. Sampling the noise stays outside (the discrete Gaussian sampler
+[n, 2b - 2] messages; the kernel builds each block of clients' messages on chip
+and writes one partial modular sum per block (the wrapper adds the partial
+sums), so only the noise is read from memory. Sampling the noise stays outside (the discrete Gaussian sampler
 is a rejection loop, and Pallas PRNG is TPU-only).
 
 `noisy_histogram_sum_kernel` is the kernel body, `noisy_histogram_sum` the
@@ -45,30 +45,35 @@ def _level_offsets(num_bins: int) -> list[int]:
 
 
 def _block_sum_mod(rows: jax.Array, modulus: int) -> jax.Array:
-    """Sum of a [rows, width] uint32 block along rows, modulo M (rows a power of 2)."""
+    """Sum of a [rows, width] block of residues along rows, modulo M.
+
+    Only sums, shifts and modular additions (no slicing, no 64-bit words), so
+    that it lowers to Triton: with m = hi 2^16 + lo, the column sums of hi and
+    of lo fit in uint32 for up to 2^16 rows, and
+    (S_hi 2^16 + S_lo) mod M = 16 modular doublings of S_hi mod M, plus S_lo.
+    """
     if modulus & (modulus - 1) == 0:
         total = jnp.sum(rows, axis=0, dtype=jnp.uint32)
         return total if modulus == MAX_MODULUS else total & jnp.uint32(modulus - 1)
-    while rows.shape[0] > 1:
-        half = rows.shape[0] // 2
-        rows = add_mod(rows[:half], rows[half:], modulus)
-    return rows[0]
+    m = jnp.uint32(modulus)
+    low = jnp.sum(rows & jnp.uint32(0xFFFF), axis=0, dtype=jnp.uint32)
+    high = jnp.sum(rows >> 16, axis=0, dtype=jnp.uint32) % m
+    for _ in range(16):
+        high = add_mod(high, high, modulus)
+    return add_mod(high, low % m, modulus)
 
 
 def noisy_histogram_sum_kernel(
     bins_ref, noise_ref, scale_ref, out_ref, *, num_bins: int, modulus: int
 ):
-    """One block of clients: out += sum_i ((c x_i + xi_i) mod M), modulo M.
+    """One block of clients: out = sum_i ((c x_i + xi_i) mod M) mod M.
 
     Refs: bins [block] int32 (-1 = no data), noise [block, width] int32,
-    scale [1] uint32 (c mod M), out [width] uint32 (width = 2b padded to a
-    power of two; the padding columns carry zeros).
+    scale [1] uint32 (c mod M), out [1, width] uint32: this block's partial
+    sum (width = 2b, a power of two; the padding columns carry zeros). Each
+    grid step writes its own row, so the steps may run in parallel (GPU); the
+    wrapper adds the rows modulo M.
     """
-
-    @pl.when(pl.program_id(0) == 0)
-    def _init():
-        out_ref[...] = jnp.zeros(out_ref.shape, jnp.uint32)
-
     bins = bins_ref[...]  # [block]
     noise = noise_ref[...]  # [block, width]
     block, width = noise.shape
@@ -80,7 +85,7 @@ def noisy_histogram_sum_kernel(
         one_hot += (has_value & (column == node[:, None])).astype(jnp.uint32)
     scaled = one_hot * scale_ref[0]  # c x_i mod M: x_i is 0/1 and c < M
     messages = add_mod(scaled, mod_signed(noise, modulus), modulus)
-    out_ref[...] = add_mod(out_ref[...], _block_sum_mod(messages, modulus), modulus)
+    out_ref[...] = _block_sum_mod(messages, modulus)[None, :]
 
 
 def _scale_residue(scale, modulus: int) -> jax.Array:
@@ -139,6 +144,8 @@ def noisy_histogram_sum(
     noise = jnp.asarray(noise, jnp.int32)
     num_bins, modulus = _validate(bins, noise, num_bins, modulus)
     check_power_of_two(block_clients, "block_clients", minimum=1)
+    if block_clients > 2**16:
+        raise ValueError(f"block_clients must be <= 2^16, got {block_clients}")
     n = bins.shape[0]
     size = tree_size(num_bins)
     width = 2 * num_bins  # power-of-two block width (GPU block shapes)
@@ -149,18 +156,20 @@ def noisy_histogram_sum(
     kernel = functools.partial(
         noisy_histogram_sum_kernel, num_bins=num_bins, modulus=modulus
     )
-    out = pl.pallas_call(
+    num_blocks = padded_n // block_clients
+    partial_sums = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((width,), jnp.uint32),
-        grid=(padded_n // block_clients,),
+        out_shape=jax.ShapeDtypeStruct((num_blocks, width), jnp.uint32),
+        grid=(num_blocks,),
         in_specs=[
             pl.BlockSpec((block_clients,), lambda i: (i,)),
             pl.BlockSpec((block_clients, width), lambda i: (i, 0)),
             pl.BlockSpec((1,), lambda i: (0,)),
         ],
-        out_specs=pl.BlockSpec((width,), lambda i: (0,)),
+        out_specs=pl.BlockSpec((1, width), lambda i: (i, 0)),
         interpret=interpret,
     )(bins, noise, _scale_residue(scale, modulus))
+    out = sum_mod(partial_sums, modulus, axis=0)  # [width], across blocks
     return out[:size]
 
 

@@ -49,6 +49,11 @@ def key_to_float(keys: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _count(mask: jax.Array) -> jax.Array:
+    """Number of True entries per row of a [rows, n] mask."""
+    return jnp.sum(mask.astype(jnp.int32), axis=1)
+
+
 def tail_selection_kernel(losses_ref, weights_ref, theta_ref, threshold_ref, pi_ref):
     """One block of rows: threshold [rows] and weights [rows, n] (float32)."""
     losses = losses_ref[...]  # [rows, n]
@@ -92,11 +97,12 @@ def tail_selection_kernel(losses_ref, weights_ref, theta_ref, threshold_ref, pi_
         at, weights * share / safe_target, 0
     )
 
-    weights_ok = jnp.all(jnp.isfinite(weights) & (weights >= 0), axis=1)
-    has_nan = jnp.any(positive & jnp.isnan(losses), axis=1)
+    # Row-wise any/all as integer sums: Triton lowering has no reduce_and/or.
+    bad_weights = _count(~(jnp.isfinite(weights) & (weights >= 0)))
+    nan_losses = _count(positive & jnp.isnan(losses))
     theta_ok = (theta > 0) & (theta <= 1)
-    invalid = ~weights_ok | has_nan | ~theta_ok
-    empty = ~jnp.any(positive, axis=1)
+    invalid = (bad_weights > 0) | (nan_losses > 0) | ~theta_ok
+    empty = _count(positive) == 0
     threshold_ref[...] = jnp.where(invalid | empty, jnp.nan, threshold)
     pi_ref[...] = jnp.where(invalid[:, None], jnp.nan, pi)
 

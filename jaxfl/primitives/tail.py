@@ -613,6 +613,23 @@ def _weighted_sum_signed(normalized, losses):
     return jnp.sum(jnp.where(normalized > 0, normalized * losses, 0))
 
 
+def _expm1_over_t(t, x):
+    """expm1(t x) / t, accurate as t -> 0 (where it is x)."""
+    tx = t * x
+    small = jnp.abs(tx) < 1e-4
+    safe_t = jnp.where(small, 1, t)
+    return jnp.where(small, x * (1 + tx / 2), jnp.expm1(jnp.where(small, 0, tx)) / safe_t)
+
+
+def _psi(u):
+    """((1 + u) log1p(u) - u) / u^2, with its series near 0 and psi(-1) = 1."""
+    small = jnp.abs(u) < 1e-2
+    safe_u = jnp.where(small | (u <= -1), 0.5, u)
+    direct = ((1 + safe_u) * jnp.log1p(safe_u) - safe_u) / safe_u**2
+    series = 0.5 - u / 6 + u**2 / 12 - u**3 / 20
+    return jnp.where(small, series, jnp.where(u <= -1, 1.0, direct))
+
+
 @jax.custom_jvp
 def _tilted_risk(losses, t, weights):
     return _tilted(losses, t, weights).value
@@ -626,17 +643,20 @@ def _tilted_risk_jvp(primals, tangents):
     positive = tl.normalized > 0
     if not _is_zero(losses_dot):
         value_dot += jnp.sum(tl.weights * losses_dot)
-    safe_t = jnp.where(t == 0, 1, t)
-    deviation = jnp.where(positive, losses - tl.value, 0)
+    # With x_i = a_i - R and u_i = expm1(t x_i) = pi_i / wbar_i - 1:
+    # dR/dt = KL(pi || wbar) / t^2 = sum_i wbar_i (u_i / t)^2 psi(u_i), where
+    # psi(u) = ((1 + u) log1p(u) - u) / u^2 (the identity sum_i wbar_i u_i = 0
+    # removes the first-order term). Every term is >= 0, so there is no
+    # cancellation as t -> 0, where it tends to Var_wbar(a) / 2.
+    # dR/dw_j = (u_j / t) / W.
+    gap = jnp.where(positive, losses - tl.value, 0)
+    scaled_gap = _expm1_over_t(t, gap)  # u / t
     if not _is_zero(t_dot):
-        # dR/dt = (E_pi[a] - R) / t, and Var_wbar(a) / 2 at t = 0.
-        tilted_mean_gap = jnp.sum(jnp.where(positive, tl.weights * deviation, 0))
-        variance = jnp.sum(jnp.where(positive, tl.normalized * deviation**2, 0))
-        value_dot += jnp.where(t == 0, variance / 2, tilted_mean_gap / safe_t) * t_dot
+        u = t * scaled_gap
+        grad_t = jnp.sum(jnp.where(positive, tl.normalized * scaled_gap**2 * _psi(u), 0))
+        value_dot += grad_t * t_dot
     if not _is_zero(weights_dot):
-        # dR/dw_j = expm1(t (a_j - R)) / (t W), and (a_j - R) / W at t = 0.
-        gap = losses - tl.value
-        grad = jnp.where(t == 0, gap, jnp.expm1(t * gap) / safe_t) / tl.total
+        grad = _expm1_over_t(t, losses - tl.value) / tl.total
         value_dot += jnp.sum(grad * weights_dot)
     return tl.value, value_dot
 
@@ -657,7 +677,9 @@ def tilted_risk(losses, t, weights=None) -> jax.Array:
     |t| (max - min) > 1, else by the mean with expm1/log1p.
 
     Differentiable in the losses (gradient `tilted_risk_weights`), in t
-    ((E_pi[a] - R) / t, and Var_wbar(a) / 2 at t = 0) and in the weights.
+    (dR/dt = (E_pi[a] - R) / t = KL(pi || wbar) / t^2, evaluated as a sum of
+    nonnegative terms so that it stays accurate as t -> 0, where it is
+    Var_wbar(a) / 2) and in the weights (expm1(t (a_j - R)) / (t sum(w))).
 
     Args:
       losses: [n] losses (n >= 1).
