@@ -84,18 +84,20 @@ class RunConfig:
     # takes which; the numeric ones become state.hparams of the same name).
     theta: float = _field(
         0.5,
-        "deltafl: tail fraction theta of the superquantile; fedavg-sub: "
-        "fraction of each cohort that trains",
+        "deltafl: tail fraction theta in (0, 1] of the superquantile (1: "
+        "FedAvg); fedavg-sub: fraction of each cohort that trains",
         low=0.0, high=1.0, low_open=True,
     )
-    mu: float = _field(0.01, "fedprox: proximal weight mu", low=0.0)
+    mu: float = _field(0.01, "fedprox: proximal weight mu >= 0", low=0.0)
     q: float | None = _field(
         None,
-        "qffl, afl-qffl: exponent q of q-FFL (unset: 1 for qffl, 10 for afl-qffl)",
+        "qffl, afl-qffl: q >= 0 of q-FFL, 0: FedAvg (unset: 1 for qffl, 10 "
+        "for afl-qffl)",
         low=0.0, optional=True,
     )
     tilt: float = _field(
-        1.0, "term: tilt t of the client-level tilted risk (t -> 0 is FedAvg)"
+        1.0, "term: tilt t (any real) of the client-level tilted risk; t > 0 "
+        "favours clients of high loss, t -> 0 is FedAvg"
     )
     reweighting: str = _field(
         "exact",
@@ -104,12 +106,12 @@ class RunConfig:
         choices=("threshold", "exact", "dp", "smoothed"),
     )
     smoothing: float = _field(
-        0.1, "deltafl --reweighting smoothed: KL smoothing nu",
+        0.1, "deltafl --reweighting smoothed: KL smoothing nu > 0",
         low=0.0, low_open=True,
     )
     threshold_period: int = _field(
         1, "deltafl --reweighting threshold|dp: recompute the threshold every "
-        "T_eta rounds (000), reuse it in between", low=1,
+        "T_eta >= 1 rounds (000 Algorithm 1), reuse it in between", low=1,
     )
     filtering: str = _field(
         "server",
@@ -119,8 +121,9 @@ class RunConfig:
     )
     stragglers: float = _field(
         0.0,
-        "fedprox, fedavg: fraction of each cohort that straggles (runs 1..E-1 "
-        "epochs); fedprox keeps their work, fedavg drops them",
+        "fedprox, fedavg: fraction in [0, 1) of each cohort that straggles "
+        "(runs 1..E-1 epochs; needs E >= 2 for fedprox); fedprox keeps their "
+        "work, fedavg drops them",
         low=0.0, high=1.0, high_open=True,
     )
     qffl_variant: str = _field(
@@ -128,26 +131,27 @@ class RunConfig:
         choices=("fedavg", "fedsgd"),
     )
     afl_lambda_lr: float = _field(
-        0.01, "afl: step size gamma_lambda of the ascent on the mixture weights",
+        0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
         low=0.0, low_open=True,
     )
     dp_bins: int = _field(
-        32, "deltafl --reweighting dp: histogram bins b (a power of two)",
+        32, "deltafl --reweighting dp: histogram bins b, a power of two in [2, 65536]",
         low=2, high=2**16,
     )
     dp_loss_bound: float = _field(
-        3.0, "deltafl --reweighting dp: losses are clipped to [0, B]",
+        3.0, "deltafl --reweighting dp: loss bound B > 0 (losses clipped to [0, B])",
         low=0.0, low_open=True,
     )
     dp_sigma: float = _field(
-        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma per client",
+        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma >= 0 per client",
         low=0.0,
     )
     dp_scale: int = _field(
-        10, "deltafl --reweighting dp: integer scaling c of the histograms", low=1,
+        10, "deltafl --reweighting dp: integer scaling c >= 1 of the histograms", low=1,
     )
     dp_bits: int = _field(
-        32, "deltafl --reweighting dp: the secure sum is modulo 2^bits",
+        32,
+        "deltafl --reweighting dp: the secure sum is modulo 2^bits, bits in [2, 32]",
         low=2, high=32,
     )
     strategy: str = _field(
