@@ -18,6 +18,11 @@ N = 13  # padded to 16 inside the kernel
 
 # Natively compiled on an accelerator, the Pallas interpreter on CPU.
 INTERPRET = jax.default_backend() == "cpu"
+# JAX >= 0.11 warns that Pallas' Triton backend (used natively on GPU) is
+# deprecated in favour of Mosaic GPU; see docs/primitives.md.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"
+)
 
 
 def _batch():
