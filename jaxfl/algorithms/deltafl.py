@@ -51,7 +51,8 @@ integer, 'threshold' and 'exact' coincide (004 Proposition 3(c)).
 Threshold period T_eta (000 Algorithm 1 and Appendix C.3, Figures 17-18):
 for 'threshold' and 'dp', Q is recomputed at rounds t with t mod T_eta = 0
 and reused in between (it is kept in `state.extra['threshold']`); every
-round's clients still compare their own current loss F_i(w_t) with it.
+round's clients still compare their own current loss F_i(w_t) with it, and
+when none reaches it the round makes no update (`clients_with_weight` = 0).
 T_eta = 1 is 000 Algorithm 2.
 
 Filtering (000 Appendix B.1, Algorithm 3): with 'server', the server sees
