@@ -23,9 +23,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from jaxfl.kernels.noisy_histogram import noisy_histogram_sum, noisy_histogram_sum_reference
+from jaxfl.kernels.noisy_histogram import (
+    noisy_histogram_sum,
+    noisy_histogram_sum_reference,
+)
 from jaxfl.kernels.tail_selection import tail_selection, tail_selection_reference
+
 from jaxfl.primitives.histogram import bin_index
 
 
@@ -42,11 +45,14 @@ def _time(fn, repeats):
 
 
 def bench_tail_selection(batch, n, repeats, interpret):
+    """Kernel and reference timings of the tail selection on [batch, n]."""
     rng = np.random.default_rng(0)
     losses = jnp.asarray(rng.normal(size=(batch, n)).astype(np.float32))
     weights = jnp.asarray(rng.uniform(size=(batch, n)).astype(np.float32))
     theta = jnp.full((batch,), 0.1, jnp.float32)
-    kernel = _time(lambda: tail_selection(losses, weights, theta, interpret=interpret), repeats)
+    kernel = _time(
+        lambda: tail_selection(losses, weights, theta, interpret=interpret), repeats
+    )
     reference = _time(lambda: tail_selection_reference(losses, weights, theta), repeats)
     agree = bool(
         np.array_equal(kernel[0][0], reference[0][0])
@@ -56,41 +62,73 @@ def bench_tail_selection(batch, n, repeats, interpret):
 
 
 def bench_noisy_histogram(n, num_bins, repeats, interpret):
+    """Kernel and reference timings of the noisy histogram secure sum."""
     rng = np.random.default_rng(1)
-    bins = bin_index(jnp.asarray(rng.uniform(0, 10, n).astype(np.float32)), num_bins, 10.0)
-    noise = jnp.asarray(rng.integers(-100, 100, size=(n, 2 * num_bins - 2)).astype(np.int32))
+    bins = bin_index(
+        jnp.asarray(rng.uniform(0, 10, n).astype(np.float32)), num_bins, 10.0
+    )
+    noise = jnp.asarray(
+        rng.integers(-100, 100, size=(n, 2 * num_bins - 2)).astype(np.int32)
+    )
     modulus = 2**20 + 7  # not a power of two: the modular tree sum
     kwargs = dict(num_bins=num_bins, modulus=modulus)
     kernel = _time(
-        lambda: noisy_histogram_sum(bins, noise, 3, interpret=interpret, **kwargs), repeats
+        lambda: noisy_histogram_sum(bins, noise, 3, interpret=interpret, **kwargs),
+        repeats,
     )
-    reference = _time(lambda: noisy_histogram_sum_reference(bins, noise, 3, **kwargs), repeats)
+    reference = _time(
+        lambda: noisy_histogram_sum_reference(bins, noise, 3, **kwargs), repeats
+    )
     return kernel, reference, bool(np.array_equal(kernel[0], reference[0]))
 
 
 def main(argv=None):
+    """Parses the flags and prints one table row per op and size."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     backend = jax.default_backend()
     interpret = backend == "cpu"
-    print(f"backend={backend} device={jax.devices()[0].device_kind} interpret={interpret}")
+    print(
+        f"backend={backend} device={jax.devices()[0].device_kind} interpret={interpret}"
+    )
     if args.quick:
         tail_sizes, hist_sizes = [(8, 128)], [(256, 64)]
     else:
         tail_sizes = [(8, 128), (64, 1024), (512, 1024), (64, 16384)]
         hist_sizes = [(256, 64), (4096, 256), (16384, 1024)]
-    header = f"{'op':16s} {'size':>14s} {'kernel ms':>10s} {'ref ms':>10s} {'kernel compile s':>17s} {'ref compile s':>14s} agree"
-    print(header)
+    columns = ("op", "size", "kernel ms", "ref ms", "kernel compile s", "ref compile s")
+    widths = (16, 16, 10, 10, 17, 14)
+    print(" ".join(f"{c:>{w}s}" for c, w in zip(columns, widths, strict=True)), "agree")
+
+    def row(op, size, kernel, reference, agree):
+        (_, kernel_first, kernel_s), (_, ref_first, ref_s) = kernel, reference
+        cells = (
+            f"{op:>16s}",
+            f"{size:>16s}",
+            f"{1e3 * kernel_s:10.3f}",
+            f"{1e3 * ref_s:10.3f}",
+            f"{kernel_first:17.2f}",
+            f"{ref_first:14.2f}",
+        )
+        print(" ".join(cells), agree)
+
     for batch, n in tail_sizes:
-        (_, k_first, k_ms), (_, r_first, r_ms), agree = bench_tail_selection(batch, n, args.repeats, interpret)
-        print(f"{'tail_selection':16s} {f'{batch}x{n}':>14s} {1e3 * k_ms:10.3f} {1e3 * r_ms:10.3f} {k_first:17.2f} {r_first:14.2f} {agree}")
+        kernel, reference, agree = bench_tail_selection(
+            batch, n, args.repeats, interpret
+        )
+        row("tail_selection", f"{batch}x{n}", kernel, reference, agree)
     for n, num_bins in hist_sizes:
-        (_, k_first, k_ms), (_, r_first, r_ms), agree = bench_noisy_histogram(n, num_bins, args.repeats, interpret)
-        print(f"{'noisy_histogram':16s} {f'n={n},b={num_bins}':>14s} {1e3 * k_ms:10.3f} {1e3 * r_ms:10.3f} {k_first:17.2f} {r_first:14.2f} {agree}")
+        kernel, reference, agree = bench_noisy_histogram(
+            n, num_bins, args.repeats, interpret
+        )
+        row("noisy_histogram", f"n={n},b={num_bins}", kernel, reference, agree)
     if interpret:
-        print("CPU: kernel times are the Pallas *interpreter*; only accelerator numbers decide dispatch.")
+        print(
+            "CPU: the kernels ran through the Pallas interpreter (lowered to "
+            "XLA:CPU ops), not as compiled kernels."
+        )
 
 
 if __name__ == "__main__":

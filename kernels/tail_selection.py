@@ -180,8 +180,11 @@ def tail_selection(
 def tail_selection_reference(
     losses, weights, theta, *, block_rows: int = 8, interpret: bool = False
 ) -> tuple[jax.Array, jax.Array]:
-    """Pure-jnp reference of `tail_selection` (same signature): the sort-based
-    primitives vmapped over rows (`block_rows`, `interpret` are ignored)."""
+    """Pure-jnp reference of `tail_selection`, with the same signature.
+
+    The sort-based primitives vmapped over rows (`block_rows` and `interpret`
+    are accepted and ignored).
+    """
     del block_rows, interpret  # Unused: no kernel here.
     losses, weights, theta = _prepare(losses, weights, theta)
     threshold = jax.vmap(tail_threshold)(losses, theta, weights)

@@ -8,23 +8,29 @@ semantics, edge cases and paper references.
 """
 
 from jaxfl.primitives.discrete_gaussian import discrete_gaussian
-from jaxfl.primitives.dp_quantile import dp_hierarchical_histogram
-from jaxfl.primitives.dp_quantile import dp_quantile
-from jaxfl.primitives.dp_quantile import dp_quantile_epsilon
-from jaxfl.primitives.dp_quantile import dp_quantile_modulus
-from jaxfl.primitives.dp_quantile import dp_quantile_scale
-from jaxfl.primitives.dp_quantile import dp_quantile_sigma
-from jaxfl.primitives.histogram import dyadic_cdf
-from jaxfl.primitives.histogram import hierarchical_histogram
-from jaxfl.primitives.histogram import histogram_quantile
+from jaxfl.primitives.dp_quantile import (
+    dp_hierarchical_histogram,
+    dp_quantile,
+    dp_quantile_epsilon,
+    dp_quantile_modulus,
+    dp_quantile_scale,
+    dp_quantile_sigma,
+)
+from jaxfl.primitives.histogram import (
+    dyadic_cdf,
+    hierarchical_histogram,
+    histogram_quantile,
+)
 from jaxfl.primitives.mm_quantile import mm_quantile
-from jaxfl.primitives.tail import smoothed_superquantile
-from jaxfl.primitives.tail import smoothed_superquantile_weights
-from jaxfl.primitives.tail import superquantile
-from jaxfl.primitives.tail import superquantile_weights
-from jaxfl.primitives.tail import tail_threshold
-from jaxfl.primitives.tail import tilted_risk
-from jaxfl.primitives.tail import tilted_risk_weights
+from jaxfl.primitives.tail import (
+    smoothed_superquantile,
+    smoothed_superquantile_weights,
+    superquantile,
+    superquantile_weights,
+    tail_threshold,
+    tilted_risk,
+    tilted_risk_weights,
+)
 
 __all__ = [
     "discrete_gaussian",

@@ -32,9 +32,7 @@ from jax import lax
 
 from jaxfl.primitives import _validation
 from jaxfl.primitives.discrete_gaussian import discrete_gaussian
-from jaxfl.primitives.histogram import bin_index
-from jaxfl.primitives.histogram import histogram_quantile
-from jaxfl.primitives.histogram import num_levels
+from jaxfl.primitives.histogram import bin_index, histogram_quantile, num_levels
 
 MAX_MODULUS = 2**32
 
@@ -64,7 +62,9 @@ def mod_signed(values: jax.Array, modulus: int) -> jax.Array:
     m = jnp.uint32(modulus)
     negative = values < 0
     # |x| as uint32; the bitcast also gets |-2^31| = 2^31 right.
-    magnitude = lax.bitcast_convert_type(jnp.where(negative, -values, values), jnp.uint32)
+    magnitude = lax.bitcast_convert_type(
+        jnp.where(negative, -values, values), jnp.uint32
+    )
     residue = magnitude % m
     return jnp.where(negative & (residue != 0), m - residue, residue)
 
@@ -174,7 +174,9 @@ def _scale_residue(scale, modulus: int) -> jax.Array:
 def _check_scale(scale) -> None:
     if _validation.is_static_number(scale):
         value = np.asarray(scale, dtype=np.float64)
-        if value.ndim or not (value >= 1 and value < 2**32 and value == np.round(value)):
+        if value.ndim or not (
+            value >= 1 and value < 2**32 and value == np.round(value)
+        ):
             raise ValueError(f"scale must be an integer in [1, 2^32), got {scale!r}")
 
 
@@ -335,7 +337,7 @@ def _check_counts(num_bins, num_clients) -> tuple[int, int]:
 
 
 def _psi(num_clients: int, sigma: float) -> float:
-    """psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)) (004 Theorem 6)."""
+    """Psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)) (004 Theorem 6)."""
     i = np.arange(1, num_clients, dtype=np.float64)
     return float(10.0 * np.sum(np.exp(-2.0 * math.pi**2 * sigma**2 * i / (i + 1))))
 
@@ -354,7 +356,9 @@ def _check_positive(value, name) -> float:
     return value
 
 
-def dp_quantile_epsilon(num_bins: int, num_clients: int, sigma: float, scale: float) -> float:
+def dp_quantile_epsilon(
+    num_bins: int, num_clients: int, sigma: float, scale: float
+) -> float:
     r"""Privacy of `dp_quantile`: (epsilon^2 / 2)-zCDP by 004 Theorem 6(a).
 
     epsilon = min( sqrt(c^2 log2(b)^2 / (n sigma^2) + psi b),
@@ -424,13 +428,20 @@ def dp_quantile_modulus(
     bound = (
         2
         + 2 * scale * num_clients
-        + 2 * num_clients * math.sqrt(2 * sigma**2 * math.log(16 * num_clients * num_bins / delta))
+        + 2
+        * num_clients
+        * math.sqrt(2 * sigma**2 * math.log(16 * num_clients * num_bins / delta))
     )
     return math.ceil(bound)
 
 
 def dp_quantile_sigma(
-    epsilon: float, num_bins: int, num_clients: int, scale: float, *, rtol: float = 1e-12
+    epsilon: float,
+    num_bins: int,
+    num_clients: int,
+    scale: float,
+    *,
+    rtol: float = 1e-12,
 ) -> float:
     r"""The sigma at which `dp_quantile_epsilon` equals a target epsilon.
 

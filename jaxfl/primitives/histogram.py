@@ -181,7 +181,9 @@ def dyadic_cdf(levels) -> jax.Array:
     levels, num_bins = _check_levels(levels)
     dtype = jnp.result_type(*levels)
     batch_shape = jnp.broadcast_shapes(*(level.shape[:-1] for level in levels))
-    levels = [jnp.broadcast_to(level, (*batch_shape, level.shape[-1])) for level in levels]
+    levels = [
+        jnp.broadcast_to(level, (*batch_shape, level.shape[-1])) for level in levels
+    ]
     j = np.arange(1, num_bins + 1)  # the paper's 1-based j; static
     cdf = jnp.zeros((*batch_shape, num_bins), dtype)
     for r, level in enumerate(levels):

@@ -82,7 +82,9 @@ def mm_quantile(
     if not isinstance(num_iters, numbers.Integral) or num_iters < 0:
         raise ValueError(f"num_iters must be an int >= 0, got {num_iters!r}")
     _validation.check_positive_finite(relative_floor, "relative_floor")
-    values, weights, out_dtype = _validation.losses_and_weights(values, weights, "values")
+    values, weights, out_dtype = _validation.losses_and_weights(
+        values, weights, "values"
+    )
     if values.shape[0] == 0:
         raise ValueError("values must have at least one entry")
     dtype = values.dtype
@@ -108,23 +110,18 @@ def mm_quantile(
     # All values equal (spread 0): mu_0 is already the answer and the steps
     # only add rounding; keep mu_0.
     mu = jnp.where(spread > 0, mu, mean)
-    bad = (
-        ~weights_ok
-        | has_nan
-        | ~(total > 0)
-        | ~((level > 0) & (level < 1))
-    )
+    bad = ~weights_ok | has_nan | ~(total > 0) | ~((level > 0) & (level < 1))
     return jnp.where(bad, jnp.nan, mu).astype(out_dtype)
 
 
 def pinball_loss(values, mu, level, weights=None) -> jax.Array:
-    """H_tau(mu) = sum_k alpha_k h_tau(x_k - mu) (000 Appendix B.1), for tests
-    and diagnostics; alpha = normalized weights (None = uniform)."""
+    """The pinball loss H_tau(mu) = sum_k alpha_k h_tau(x_k - mu) (000 App. B.1).
+
+    For tests and diagnostics; alpha = normalized weights (None = uniform).
+    """
     values, weights, _ = _validation.losses_and_weights(values, weights, "values")
     alpha = weights / jnp.sum(weights)
     residual = values - mu
     return jnp.sum(
         alpha * jnp.where(residual >= 0, level * residual, (level - 1) * residual)
     )
-
-

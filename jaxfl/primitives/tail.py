@@ -84,9 +84,7 @@ def _tail(losses: jax.Array, theta: jax.Array, weights: jax.Array) -> _Tail:
 
     # Descending losses; zero-weight entries sort last whatever their loss.
     keys = jnp.where(positive, -losses, jnp.inf)
-    _, sorted_losses, sorted_weights = lax.sort(
-        (keys, losses, weights), num_keys=1
-    )
+    _, sorted_losses, sorted_weights = lax.sort((keys, losses, weights), num_keys=1)
     # Mass strictly before each sorted position (an exclusive cumsum, not
     # cumsum - w, which would round differently from the inclusive sums).
     mass_before = jnp.concatenate(
@@ -446,9 +444,7 @@ def _smoothed_superquantile_jvp(primals, tangents):
     if not _is_zero(nu_dot):
         value_dot += -sm.kl * nu_dot
     if not _is_zero(theta_dot):
-        value_dot += (
-            -jnp.sum(sm.multiplier * sm.normalized) / theta**2 * theta_dot
-        )
+        value_dot += -jnp.sum(sm.multiplier * sm.normalized) / theta**2 * theta_dot
     if not _is_zero(weights_dot):
         # dF/dwbar_i = nu pi_i / wbar_i + mu_i / theta, then through wbar = w/W.
         grad_normalized = nu * sm.ratio + sm.multiplier / theta
@@ -618,7 +614,9 @@ def _expm1_over_t(t, x):
     tx = t * x
     small = jnp.abs(tx) < 1e-4
     safe_t = jnp.where(small, 1, t)
-    return jnp.where(small, x * (1 + tx / 2), jnp.expm1(jnp.where(small, 0, tx)) / safe_t)
+    return jnp.where(
+        small, x * (1 + tx / 2), jnp.expm1(jnp.where(small, 0, tx)) / safe_t
+    )
 
 
 def _psi(u):
@@ -653,7 +651,9 @@ def _tilted_risk_jvp(primals, tangents):
     scaled_gap = _expm1_over_t(t, gap)  # u / t
     if not _is_zero(t_dot):
         u = t * scaled_gap
-        grad_t = jnp.sum(jnp.where(positive, tl.normalized * scaled_gap**2 * _psi(u), 0))
+        grad_t = jnp.sum(
+            jnp.where(positive, tl.normalized * scaled_gap**2 * _psi(u), 0)
+        )
         value_dot += grad_t * t_dot
     if not _is_zero(weights_dot):
         grad = _expm1_over_t(t, losses - tl.value) / tl.total
@@ -738,4 +738,3 @@ def tilted_risk_weights(losses, t, weights=None) -> jax.Array:
     _check_nonempty(losses)
     t = _validation.as_compute_scalar(t, losses.dtype)
     return _tilted(losses, t, weights).weights.astype(out_dtype)
-

@@ -1,12 +1,14 @@
-"""The noisy hierarchical histogram kernel against its reference (interpret mode)
-and against (c h + sum_i xi_i) mod M computed with Python integers."""
+"""The noisy hierarchical histogram kernel against its references.
+
+Its pure-jnp reference and (c h + sum_i xi_i) mod M in Python integers; the
+kernel runs in the Pallas interpreter on CPU and natively on an accelerator.
+"""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
-
 from jaxfl.kernels.noisy_histogram import (
     noisy_histogram_sum,
     noisy_histogram_sum_reference,
@@ -54,7 +56,13 @@ def test_kernel_matches_reference_and_python_ints(modulus, noise_bound):
         noise[0, :3] = [-(2**31), 2**31 - 1, -1]
     scale = 5
     got = noisy_histogram_sum(
-        bins, noise, scale, num_bins=NUM_BINS, modulus=modulus, block_clients=16, interpret=INTERPRET
+        bins,
+        noise,
+        scale,
+        num_bins=NUM_BINS,
+        modulus=modulus,
+        block_clients=16,
+        interpret=INTERPRET,
     )
     reference = noisy_histogram_sum_reference(
         bins, noise, scale, num_bins=NUM_BINS, modulus=modulus
@@ -71,7 +79,15 @@ def test_kernel_wraps_at_bit_width_10():
     bins = np.zeros(64, np.int32)
     noise = np.zeros((64, SIZE), np.int32)
     got = np.asarray(
-        noisy_histogram_sum(bins, noise, 16, num_bins=NUM_BINS, modulus=2**10, block_clients=16, interpret=INTERPRET)
+        noisy_histogram_sum(
+            bins,
+            noise,
+            16,
+            num_bins=NUM_BINS,
+            modulus=2**10,
+            block_clients=16,
+            interpret=INTERPRET,
+        )
     )
     np.testing.assert_array_equal(got, np.zeros(SIZE))
 
@@ -79,6 +95,10 @@ def test_kernel_wraps_at_bit_width_10():
 def test_kernel_shape_errors():
     bins, noise = _inputs(0, 8, 3)
     with pytest.raises(ValueError, match="noise"):
-        noisy_histogram_sum(bins, noise[:, :-1], 1, num_bins=NUM_BINS, modulus=64, interpret=INTERPRET)
+        noisy_histogram_sum(
+            bins, noise[:, :-1], 1, num_bins=NUM_BINS, modulus=64, interpret=INTERPRET
+        )
     with pytest.raises(ValueError, match="modulus"):
-        noisy_histogram_sum(bins, noise, 1, num_bins=NUM_BINS, modulus=2**33, interpret=INTERPRET)
+        noisy_histogram_sum(
+            bins, noise, 1, num_bins=NUM_BINS, modulus=2**33, interpret=INTERPRET
+        )

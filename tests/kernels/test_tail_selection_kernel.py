@@ -1,12 +1,14 @@
-"""The sort-free tail selection kernel against the sort-based primitives
-(its reference), in interpret mode, over the edge grid."""
+"""The sort-free tail selection kernel against the sort-based primitives.
+
+Its reference is the primitives vmapped over rows; the edge grid covers ties,
+zero weights, theta = 1, tiny theta, infinities and every NaN case.
+"""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
-
 from jaxfl.kernels.tail_selection import (
     float_to_key,
     key_to_float,
@@ -51,7 +53,9 @@ def _batch():
 @pytest.mark.parametrize("block_rows", [4, 8])
 def test_kernel_matches_sort_based_reference(block_rows):
     losses, weights, theta = _batch()
-    threshold, pi = tail_selection(losses, weights, theta, block_rows=block_rows, interpret=INTERPRET)
+    threshold, pi = tail_selection(
+        losses, weights, theta, block_rows=block_rows, interpret=INTERPRET
+    )
     threshold, pi = np.asarray(threshold), np.asarray(pi)
     ref_threshold, ref_pi = tail_selection_reference(losses, weights, theta)
     np.testing.assert_array_equal(threshold, ref_threshold)  # NaN == NaN here

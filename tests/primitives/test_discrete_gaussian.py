@@ -92,9 +92,9 @@ def test_zero_sigma_and_traced_sigma():
     key = jax.random.key(0)
     np.testing.assert_array_equal(sample(key, 0.0, (1000,)), np.zeros(1000))
     sigmas = jnp.array([0.0, -1.0, jnp.nan, 2.0])
-    batched = jax.jit(jax.vmap(discrete_gaussian, in_axes=(None, 0, None)), static_argnums=2)(
-        key, sigmas, (1000,)
-    )
+    batched = jax.jit(
+        jax.vmap(discrete_gaussian, in_axes=(None, 0, None)), static_argnums=2
+    )(key, sigmas, (1000,))
     np.testing.assert_array_equal(batched[:3], np.zeros((3, 1000)))
     assert 1.5 < float(np.std(np.asarray(batched[3]))) < 2.5
     # vmap over sigma equals separate calls with the same key.

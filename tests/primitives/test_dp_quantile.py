@@ -54,7 +54,13 @@ def _levels_jit(modulus):
     """The server's decoded noisy tree; one compile per modulus."""
     return jax.jit(
         lambda key, values, sigma, scale: dp_hierarchical_histogram(
-            key, values, num_bins=NUM_BINS, upper=UPPER, sigma=sigma, scale=scale, modulus=modulus
+            key,
+            values,
+            num_bins=NUM_BINS,
+            upper=UPPER,
+            sigma=sigma,
+            scale=scale,
+            modulus=modulus,
         )
     )
 
@@ -98,7 +104,9 @@ def test_modular_arithmetic_against_python_ints(modulus):
     rng = np.random.default_rng(modulus % 1000)
     xs = np.concatenate(
         [
-            np.array([0, 1, -1, 2**31 - 1, -(2**31), -(2**31) + 1, modulus % 2**31], np.int64),
+            np.array(
+                [0, 1, -1, 2**31 - 1, -(2**31), -(2**31) + 1, modulus % 2**31], np.int64
+            ),
             rng.integers(-(2**31), 2**31, size=200),
         ]
     ).astype(np.int32)
@@ -108,16 +116,24 @@ def test_modular_arithmetic_against_python_ints(modulus):
     added = np.asarray(
         add_mod(jnp.asarray(a, jnp.uint32), jnp.asarray(b, jnp.uint32), modulus)
     )
-    np.testing.assert_array_equal(added.astype(np.int64), [(int(x) + int(y)) % modulus for x, y in zip(a, b)])
+    np.testing.assert_array_equal(
+        added.astype(np.int64),
+        [(int(x) + int(y)) % modulus for x, y in zip(a, b, strict=True)],
+    )
     # The secure sum over clients (rows), odd count to exercise padding.
     table = residues[:201].reshape(67, 3)
     summed = np.asarray(sum_mod(jnp.asarray(table, jnp.uint32), modulus))
     np.testing.assert_array_equal(
-        summed.astype(np.int64), [sum(int(v) for v in table[:, k]) % modulus for k in range(3)]
+        summed.astype(np.int64),
+        [sum(int(v) for v in table[:, k]) % modulus for k in range(3)],
     )
     # Signed representatives in (-M/2, M/2].
     signed = np.asarray(
-        signed_representative(jnp.asarray(residues, jnp.uint32), modulus, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        signed_representative(
+            jnp.asarray(residues, jnp.uint32),
+            modulus,
+            jnp.float64 if jax.config.jax_enable_x64 else jnp.float32,
+        )
     )
     expected = [r - modulus if r > modulus // 2 else r for r in residues.tolist()]
     np.testing.assert_allclose(signed, expected, rtol=1e-7)
@@ -126,30 +142,86 @@ def test_modular_arithmetic_against_python_ints(modulus):
 def test_modulus_range():
     values = _values()
     with pytest.raises(ValueError, match="modulus"):
-        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=2**32 + 1)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.5,
+            num_bins=16,
+            upper=10.0,
+            sigma=1.0,
+            scale=1,
+            modulus=2**32 + 1,
+        )
     with pytest.raises(ValueError, match="modulus"):
-        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=1)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.5,
+            num_bins=16,
+            upper=10.0,
+            sigma=1.0,
+            scale=1,
+            modulus=1,
+        )
     with pytest.raises(ValueError, match="scale"):
-        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=1.0, scale=1.5, modulus=64)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.5,
+            num_bins=16,
+            upper=10.0,
+            sigma=1.0,
+            scale=1.5,
+            modulus=64,
+        )
     with pytest.raises(ValueError, match="sigma"):
-        dp_quantile(jax.random.key(0), values, 0.5, num_bins=16, upper=10.0, sigma=-1.0, scale=1, modulus=64)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.5,
+            num_bins=16,
+            upper=10.0,
+            sigma=-1.0,
+            scale=1,
+            modulus=64,
+        )
     with pytest.raises(ValueError, match="theta"):
-        dp_quantile(jax.random.key(0), values, 0.0, num_bins=16, upper=10.0, sigma=1.0, scale=1, modulus=64)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.0,
+            num_bins=16,
+            upper=10.0,
+            sigma=1.0,
+            scale=1,
+            modulus=64,
+        )
     with pytest.raises(ValueError, match="power of two"):
-        dp_quantile(jax.random.key(0), values, 0.5, num_bins=10, upper=10.0, sigma=1.0, scale=1, modulus=64)
+        dp_quantile(
+            jax.random.key(0),
+            values,
+            0.5,
+            num_bins=10,
+            upper=10.0,
+            sigma=1.0,
+            scale=1,
+            modulus=64,
+        )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_zero_noise_large_modulus_is_the_exact_histogram_quantile(seed):
     values = _values(seed)
     if seed == 1:  # chi-square(4), clipped, with values exactly on bin edges
-        values = np.random.default_rng(seed).chisquare(4, NUM_CLIENTS).astype(np.float32)
+        values = (
+            np.random.default_rng(seed).chisquare(4, NUM_CLIENTS).astype(np.float32)
+        )
         values[:16] = np.arange(16, dtype=np.float32) * np.float32(UPPER / NUM_BINS)
     exact_levels = exact_levels_jit(values, NUM_BINS, UPPER)
     got = _dp_quantiles(jax.random.key(seed), values, 0.0, 3, ALL_CLIENTS)
     np.testing.assert_array_equal(got, _quantiles_of(exact_levels))
     levels = _levels_jit(2**32)(jax.random.key(seed), values, 0.0, 3)
-    for noisy, true in zip(levels, exact_levels):
+    for noisy, true in zip(levels, exact_levels, strict=True):
         np.testing.assert_array_equal(noisy, np.asarray(true, np.float32))
 
 
@@ -172,14 +244,16 @@ def test_protocol_and_no_wraparound_at_the_theorem_6_modulus():
     client_noise = jax.jit(
         lambda i: discrete_gaussian(jax.random.fold_in(key, i), sigma, (size,))
     )
-    noise_sum = np.sum([np.asarray(client_noise(i), np.int64) for i in range(NUM_CLIENTS)], axis=0)
+    noise_sum = np.sum(
+        [np.asarray(client_noise(i), np.int64) for i in range(NUM_CLIENTS)], axis=0
+    )
     exact = exact_levels_jit(values, NUM_BINS, UPPER)
     true = np.concatenate([np.asarray(level, np.int64) for level in exact])
     # Up to the float32 division by c (XLA may multiply by 1/c instead).
     expected = _signed(scale * true + noise_sum, modulus) / scale
     np.testing.assert_allclose(np.concatenate(small), expected, rtol=3e-7)
     large = _levels_jit(2**32)(key, values, sigma, scale)
-    for a, b in zip(small, large):
+    for a, b in zip(small, large, strict=True):
         np.testing.assert_array_equal(a, b)
     assert np.any(noise_sum != 0)  # the noise really is there
 
@@ -189,7 +263,13 @@ def test_secure_sum_residues_with_a_large_odd_modulus():
     key, modulus = jax.random.key(3), 1_000_003
     residues = jax.jit(
         lambda k: secure_sum_of_noisy_histograms(
-            k, values, num_bins=NUM_BINS, upper=UPPER, sigma=0.0, scale=5, modulus=modulus
+            k,
+            values,
+            num_bins=NUM_BINS,
+            upper=UPPER,
+            sigma=0.0,
+            scale=5,
+            modulus=modulus,
         )
     )(key)
     exact = exact_levels_jit(values, NUM_BINS, UPPER)
@@ -202,10 +282,14 @@ def test_wraparound_at_bit_width_10():
     # server decodes them as wrong, negative counts (004 Figure 5, 10 bits).
     values = _values(4)
     scale, modulus = 8, 2**10
-    exact_levels = [np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)]
+    exact_levels = [
+        np.asarray(level) for level in exact_levels_jit(values, NUM_BINS, UPPER)
+    ]
     decoded = _levels_jit(modulus)(jax.random.key(0), values, 0.0, scale)
-    for noisy, true in zip(decoded, exact_levels):
-        np.testing.assert_array_equal(noisy, _signed(scale * true.astype(np.int64), modulus) / scale)
+    for noisy, true in zip(decoded, exact_levels, strict=True):
+        np.testing.assert_array_equal(
+            noisy, _signed(scale * true.astype(np.int64), modulus) / scale
+        )
     assert np.any(np.asarray(decoded[-1]) < 0)  # the halves wrapped
     # The quantile suffers: large errors for some theta; none with 32 bits.
     exact = _quantiles_of(exact_levels)
@@ -225,7 +309,9 @@ def test_noisy_quantile_error_is_of_the_predicted_size():
     cdf = np.cumsum(np.asarray(exact_levels[0])) / NUM_CLIENTS
     errors = []
     for seed in range(8):
-        estimates = np.asarray(_dp_quantiles(jax.random.key(100 + seed), values, 2.0, 2, ALL_CLIENTS))
+        estimates = np.asarray(
+            _dp_quantiles(jax.random.key(100 + seed), values, 2.0, 2, ALL_CLIENTS)
+        )
         j_star = np.rint(estimates * NUM_BINS / UPPER).astype(int)
         errors.append(np.abs(cdf[j_star - 1] - (1 - THETAS)))
     mean_error = float(np.mean(errors))
@@ -252,7 +338,9 @@ def test_vmap_over_theta_reuses_one_noisy_histogram_and_client_mask():
 
 def theorem6_epsilon(b, n, sigma, c):
     """004 Theorem 6(a), transcribed independently with a Python loop."""
-    psi = 10 * sum(math.exp(-2 * math.pi**2 * sigma**2 * i / (i + 1)) for i in range(1, n))
+    psi = 10 * sum(
+        math.exp(-2 * math.pi**2 * sigma**2 * i / (i + 1)) for i in range(1, n)
+    )
     depth = math.log2(b)
     first = math.sqrt(c**2 * depth**2 / (n * sigma**2) + psi * b)
     second = c * depth / (math.sqrt(n) * sigma) + psi * math.sqrt(2 * b)
@@ -260,11 +348,20 @@ def theorem6_epsilon(b, n, sigma, c):
 
 
 @pytest.mark.parametrize(
-    "b,n,sigma,c", [(64, 256, 1.0, 3.0), (16, 100, 0.5, 1.0), (64, 256, 0.7, 2.0), (2, 1, 2.0, 1.0), (1024, 10_000, 1.2, 40.0)]
+    "b,n,sigma,c",
+    [
+        (64, 256, 1.0, 3.0),
+        (16, 100, 0.5, 1.0),
+        (64, 256, 0.7, 2.0),
+        (2, 1, 2.0, 1.0),
+        (1024, 10_000, 1.2, 40.0),
+    ],
 )
 def test_epsilon_formula(b, n, sigma, c):
     expected, psi = theorem6_epsilon(b, n, sigma, c)
-    np.testing.assert_allclose(dp_quantile_epsilon(b, n, sigma, c), expected, rtol=1e-12)
+    np.testing.assert_allclose(
+        dp_quantile_epsilon(b, n, sigma, c), expected, rtol=1e-12
+    )
     # The theorem states psi <= 10 (n - 1) exp(-2 pi^2 sigma^2), but each term
     # exp(-2 pi^2 sigma^2 i / (i + 1)) is at least exp(-2 pi^2 sigma^2): the
     # inequality is reversed. Since i / (i + 1) >= 1/2 the bound that holds is
@@ -287,7 +384,9 @@ def test_epsilon_is_monotone_and_inverses_round_trip():
         assert achieved <= target
         np.testing.assert_allclose(achieved, target, rtol=1e-9)
         scale = dp_quantile_scale(target, b, n, 1.5)
-        np.testing.assert_allclose(dp_quantile_epsilon(b, n, 1.5, scale), target, rtol=1e-9)
+        np.testing.assert_allclose(
+            dp_quantile_epsilon(b, n, 1.5, scale), target, rtol=1e-9
+        )
     # Where psi matters (small sigma) the inverse still solves the min.
     sigma = dp_quantile_sigma(8.0, b, n, 3.0)
     np.testing.assert_allclose(dp_quantile_epsilon(b, n, sigma, 3.0), 8.0, rtol=1e-9)
@@ -308,6 +407,8 @@ def test_accounting_errors():
 
 def test_modulus_formula():
     b, n, sigma, c, delta = 64, 256, 1.0, 3, 1e-5
-    bound = 2 + 2 * c * n + 2 * n * math.sqrt(2 * sigma**2 * math.log(16 * n * b / delta))
+    bound = (
+        2 + 2 * c * n + 2 * n * math.sqrt(2 * sigma**2 * math.log(16 * n * b / delta))
+    )
     assert dp_quantile_modulus(b, n, sigma, c, delta) == math.ceil(bound)
     assert dp_quantile_modulus(b, n, 0.0, c, delta) == 2 + 2 * c * n

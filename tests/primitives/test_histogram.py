@@ -1,5 +1,8 @@
-"""Tests of hierarchical histograms, the dyadic CDF and the histogram quantile
-against NumPy loops that follow the definitions of 004 Algorithm 2 / eq. 8."""
+"""Tests of hierarchical histograms, the dyadic CDF and the histogram quantile.
+
+The references are NumPy loops that follow the definitions of 004 Algorithm 2
+and eq. 8 (the maximal dyadic partition is built greedily, independently).
+"""
 
 from __future__ import annotations
 
@@ -34,7 +37,10 @@ def reference_levels(values, num_bins, upper):
         width = 1 << r
         levels.append(
             np.array(
-                [np.sum((bins >= j * width) & (bins < (j + 1) * width)) for j in range(num_bins // width)]
+                [
+                    np.sum((bins >= j * width) & (bins < (j + 1) * width))
+                    for j in range(num_bins // width)
+                ]
             )
         )
         r += 1
@@ -141,9 +147,7 @@ def test_dyadic_cdf_is_cumsum_on_consistent_histograms():
 
 def test_dyadic_cdf_uses_higher_nodes_on_inconsistent_histograms():
     rng = np.random.default_rng(3)
-    levels = [
-        rng.normal(size=NUM_BINS >> r).astype(np.float32) for r in range(4)
-    ]
+    levels = [rng.normal(size=NUM_BINS >> r).astype(np.float32) for r in range(4)]
     expected = reference_cdf(levels, NUM_BINS)
     np.testing.assert_allclose(cdf_jit(levels), expected, rtol=1e-5, atol=1e-5)
     assert not np.allclose(expected, np.cumsum(levels[0]))
@@ -151,7 +155,9 @@ def test_dyadic_cdf_uses_higher_nodes_on_inconsistent_histograms():
     bumped = [level.copy() for level in levels]
     bumped[2][2] += 100.0  # node covering bins 9..12 (1-based)
     delta = np.asarray(cdf_jit(bumped)) - np.asarray(cdf_jit(levels))
-    uses = [(2, 2) in maximal_dyadic_partition(j, NUM_BINS) for j in range(1, NUM_BINS + 1)]
+    uses = [
+        (2, 2) in maximal_dyadic_partition(j, NUM_BINS) for j in range(1, NUM_BINS + 1)
+    ]
     assert np.flatnonzero(uses).tolist() == [11, 12, 13, 14]  # j = 12..15
     np.testing.assert_allclose(delta, np.where(uses, 100.0, 0.0), atol=1e-3)
     # Right children are never part of a prefix partition (but the top-level
@@ -191,7 +197,7 @@ def test_histogram_quantile_matches_reference_and_is_best_on_exact_histograms():
     got = jax.jit(jax.vmap(histogram_quantile, in_axes=(None, 0, None, None)))(
         levels, thetas, 64, UPPER
     )
-    for theta, estimate in zip(thetas, np.asarray(got)):
+    for theta, estimate in zip(thetas, np.asarray(got), strict=True):
         expected = reference_quantile(levels_np, float(theta), 64, UPPER, NUM_BINS)
         np.testing.assert_allclose(estimate, expected, rtol=1e-6)
         # On an exact histogram the error of eq. 19 is the best achievable (eq. 18).

@@ -28,7 +28,9 @@ def quantile_interval(values, tau, weights):
     values = np.asarray(values, np.float64)
     alpha = np.asarray(weights, np.float64) / np.sum(weights)
     support = np.unique(values[alpha > 0])
-    losses = np.array([pinball(values[alpha > 0], v, tau, alpha[alpha > 0]) for v in support])
+    losses = np.array(
+        [pinball(values[alpha > 0], v, tau, alpha[alpha > 0]) for v in support]
+    )
     best = support[np.isclose(losses, losses.min(), rtol=0, atol=1e-12)]
     return best.min(), best.max()
 
@@ -38,7 +40,11 @@ def quantile_interval(values, tau, weights):
 def test_mm_reaches_the_minimal_pinball_loss(tau, weighted):
     rng = np.random.default_rng(int(tau * 100) + weighted)
     values = rng.normal(size=N).astype(np.float32)
-    weights = rng.uniform(0.2, 3.0, size=N).astype(np.float32) if weighted else np.ones(N, np.float32)
+    weights = (
+        rng.uniform(0.2, 3.0, size=N).astype(np.float32)
+        if weighted
+        else np.ones(N, np.float32)
+    )
     got = float(mm(values, tau, weights))
     lower, _ = quantile_interval(values, tau, weights)
     spread = float(np.std(values))
@@ -70,7 +76,9 @@ def test_mm_on_an_interval_quantile_and_small_cases():
     assert 2.0 - 1e-5 <= got <= 3.0 + 1e-5
     # n = 1 and all-equal values return that value.
     assert float(mm_quantile(np.array([2.5], np.float32), 0.3)) == 2.5
-    np.testing.assert_allclose(mm(np.full(N, 7.0, np.float32), 0.3, np.ones(N, np.float32)), 7.0, rtol=1e-6)
+    np.testing.assert_allclose(
+        mm(np.full(N, 7.0, np.float32), 0.3, np.ones(N, np.float32)), 7.0, rtol=1e-6
+    )
 
 
 def test_mm_zero_weights_nan_and_errors():
@@ -81,7 +89,9 @@ def test_mm_zero_weights_nan_and_errors():
     values_with_nan = values.copy()
     values_with_nan[:10] = np.nan  # zero weight: ignored
     np.testing.assert_allclose(
-        mm(values_with_nan, 0.3, weights), mm(values[10:], 0.3, np.ones(N - 10, np.float32)), rtol=1e-5
+        mm(values_with_nan, 0.3, weights),
+        mm(values[10:], 0.3, np.ones(N - 10, np.float32)),
+        rtol=1e-5,
     )
     values_with_nan[20] = np.nan  # positive weight: NaN
     assert np.isnan(mm(values_with_nan, 0.3, weights))
@@ -99,6 +109,8 @@ def test_mm_vmap_over_level_matches_loop():
     values = np.random.default_rng(2).exponential(size=N).astype(np.float32)
     weights = np.ones(N, np.float32)
     levels = np.array([0.2, 0.5, 0.8], np.float32)
-    batched = jax.jit(jax.vmap(mm_quantile, in_axes=(None, 0, None)))(values, levels, weights)
+    batched = jax.jit(jax.vmap(mm_quantile, in_axes=(None, 0, None)))(
+        values, levels, weights
+    )
     looped = [mm(values, level, weights) for level in levels]
     np.testing.assert_allclose(batched, looped, rtol=1e-6)

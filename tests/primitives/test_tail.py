@@ -37,7 +37,7 @@ SMALL, LARGE = 12, 128
 
 
 def lp_superquantile(losses, theta, weights):
-    """max pi.a over {pi in simplex, 0 <= pi_i <= wbar_i/theta}, by linprog."""
+    """Max pi.a over {pi in simplex, 0 <= pi_i <= wbar_i/theta}, by linprog."""
     a = np.asarray(losses, np.float64)
     wbar = np.asarray(weights, np.float64) / np.sum(weights)
     result = linprog(
@@ -67,7 +67,7 @@ def greedy_weights(losses, theta, weights):
 
 
 def brute_threshold(losses, theta, weights):
-    """min { a_i : w_i > 0, sum_{a_j > a_i} wbar_j <= theta } in float64."""
+    """Min { a_i : w_i > 0, sum_{a_j > a_i} wbar_j <= theta } in float64."""
     a = np.asarray(losses, np.float64)
     wbar = np.asarray(weights, np.float64) / np.sum(weights)
     support = a[wbar > 0]
@@ -119,7 +119,9 @@ EDGE_CASES = {
 
 def _arrays(losses, weights):
     losses = np.asarray(losses, np.float32)
-    weights = np.ones_like(losses) if weights is None else np.asarray(weights, np.float32)
+    weights = (
+        np.ones_like(losses) if weights is None else np.asarray(weights, np.float32)
+    )
     return losses, weights
 
 
@@ -189,7 +191,9 @@ def test_uniform_weights_default():
     ones = np.ones(SMALL, np.float32)
     for theta in (0.3, 0.25, 1.0):
         value, pi, q = _tail_outputs_uniform(losses, theta)
-        np.testing.assert_allclose(value, lp_superquantile(losses, theta, ones), rtol=1e-5)
+        np.testing.assert_allclose(
+            value, lp_superquantile(losses, theta, ones), rtol=1e-5
+        )
         np.testing.assert_array_equal(pi, tail(losses, theta, ones)[1])
         assert float(q) == brute_threshold(losses, theta, ones)
 
@@ -258,7 +262,9 @@ def test_weighted_ties_share_in_proportion_to_weights():
     losses = np.array([5.0, 1.0, 1.0], np.float32)
     weights = np.array([1.0, 1.0, 3.0], np.float32)
     # theta = 0.6: the 5.0 gets (1/5)/0.6 = 1/3; the ties share 2/3 as 1:3.
-    np.testing.assert_allclose(tail(losses, 0.6, weights)[1], [1 / 3, 1 / 6, 1 / 2], atol=1e-6)
+    np.testing.assert_allclose(
+        tail(losses, 0.6, weights)[1], [1 / 3, 1 / 6, 1 / 2], atol=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -273,7 +279,7 @@ def test_vmap_over_losses_and_theta_matches_loop():
     batched = jax.jit(jax.vmap(_tail_outputs))(batch, thetas, weights)
     for i in range(5):
         looped = _tail_outputs(batch[i], thetas[i], weights[i])
-        for got, expected in zip(batched, looped):
+        for got, expected in zip(batched, looped, strict=True):
             np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
     # A sweep: one loss vector, many theta.
     sweep = jax.jit(jax.vmap(superquantile, in_axes=(None, 0)))(batch[0], thetas)
@@ -464,10 +470,12 @@ def test_smoothed_vmap_nan_and_inf():
     batch = np.random.default_rng(7).normal(size=(3, SMALL)).astype(np.float32)
     ones = np.ones(SMALL, np.float32)
     nus = np.array([0.0, 0.1, 1.0], np.float32)
-    batched = jax.jit(jax.vmap(_smoothed_outputs, in_axes=(0, None, 0, None)))(batch, 0.4, nus, ones)
+    batched = jax.jit(jax.vmap(_smoothed_outputs, in_axes=(0, None, 0, None)))(
+        batch, 0.4, nus, ones
+    )
     for i in range(3):
         looped = _smoothed_outputs(batch[i], 0.4, nus[i], ones)
-        for got, expected in zip(batched, looped):
+        for got, expected in zip(batched, looped, strict=True):
             np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
     value, pi, _ = smoothed([1.0, np.nan], 0.5, 0.1)
     assert np.isnan(value) and np.all(np.isnan(pi))
@@ -556,8 +564,10 @@ def test_tilted_edge_cases():
 def test_tilted_vmap_over_t():
     losses, weights = _pad(np.random.default_rng(8).normal(size=7))
     ts = np.array([-3.0, 0.0, 1e-6, 2.0], np.float32)
-    batched = jax.jit(jax.vmap(_tilted_outputs, in_axes=(None, 0, None)))(losses, ts, weights)
+    batched = jax.jit(jax.vmap(_tilted_outputs, in_axes=(None, 0, None)))(
+        losses, ts, weights
+    )
     for i, t in enumerate(ts):
         looped = _tilted_outputs(losses, t, weights)
-        for got, expected in zip(batched, looped):
+        for got, expected in zip(batched, looped, strict=True):
             np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-7)
