@@ -43,7 +43,7 @@ class RunConfig:
     `--clients-per-round`)."""
 
     algorithm: str = _field(
-        "fedavg",
+        "fedavg,deltafl",
         "algorithm(s) to run, comma-separated to compare several",
     )
     dataset: str = _field("label-shift", "dataset name")
@@ -54,7 +54,7 @@ class RunConfig:
     )
     model: str = _field("linear", "model", choices=("linear", "mlp", "convnet"))
     hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
-    rounds: int = _field(600, "communication rounds", low=1)
+    rounds: int = _field(2000, "communication rounds", low=1)
     clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
     local_epochs: int = _field(1, "local epochs per client (E)", low=1, high=10_000)
     batch_size: int = _field(10, "local minibatch size (B)", low=1)
@@ -158,7 +158,7 @@ class RunConfig:
         "auto",
         "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
     )
-    eval_every: int = _field(100, "evaluate every this many rounds", low=1)
+    eval_every: int = _field(200, "evaluate every this many rounds", low=1)
     seed: int = _field(0, "random seed", low=0, high=2**31 - 1)
     out: str | None = _field(None, "output directory", optional=True)
     overwrite: bool = _field(False, "replace an existing output directory")

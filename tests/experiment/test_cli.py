@@ -19,7 +19,7 @@ TINY = [
     "--dataset-option", "num_test_clients=20",
     "--dataset-option", "pool_size=20000",
     "--rounds", "4", "--clients-per-round", "5", "--eval-every", "2",
-    "--no-progress", "--strategy", "vmap",
+    "--no-progress", "--strategy", "vmap", "--algorithm", "fedavg",
 ]
 
 
@@ -51,6 +51,24 @@ def test_run_writes_the_four_files(finished_run):
     assert len(rows) == 1 + 40 + 20
     config = json.loads((finished_run / "config.json").read_text())
     assert config["rounds"] == 4 and config["seed"] == 3
+
+
+def test_default_compares_fedavg_and_deltafl(tmp_path, capsys):
+    # No --algorithm: the main job's comparison, one subdirectory per
+    # algorithm (each with the four files) and a comparison table.
+    out = tmp_path / "both"
+    args = [a for a in TINY if a not in ("--algorithm", "fedavg")]
+    status, stdout, _ = _run([*args, "--out", str(out)], capsys)
+    assert status == 0
+    lines = stdout.splitlines()
+    assert any(line.startswith("fedavg ") for line in lines)
+    assert any(line.startswith("deltafl ") for line in lines)
+    for name in ("fedavg", "deltafl"):
+        assert sorted(p.name for p in (out / name).iterdir()) == [
+            "clients.csv", "config.json", "metrics.jsonl", "summary.json",
+        ]
+        assert json.loads((out / name / "config.json").read_text())["algorithm"] == name
+    assert (out / "comparison.csv").read_text().count("\n") == 3
 
 
 def test_config_json_reruns_identically(finished_run, tmp_path, capsys):
