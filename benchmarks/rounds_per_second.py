@@ -38,7 +38,7 @@ import sys
 import time
 
 
-def _parse() -> argparse.Namespace:
+def _parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--workload",
@@ -53,7 +53,13 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--clients-per-round", type=int, default=None)
     parser.add_argument("--theta", type=float, default=0.5, help="Δ-FL tail fraction")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
-    return parser.parse_args()
+    parser.add_argument("--loop", default="scan", choices=("scan", "while"), help="local loop")
+    parser.add_argument(
+        "--sweep", type=int, default=0,
+        help="G > 0: time G settings (learning rates) as one vmapped round against the "
+        "same G settings run one after another",
+    )
+    return parser.parse_args(argv)
 
 
 ARGS = _parse() if __name__ == "__main__" else None
@@ -107,8 +113,8 @@ def useful_flops_per_round(model, counts: np.ndarray, num_epochs: int, extra_for
     return flops
 
 
-def main() -> None:
-    args = ARGS
+def build(args):
+    """Dataset, model, engine and algorithm of a benchmark configuration."""
     spec = WORKLOADS[args.workload]
     name, options = spec["dataset"]
     if args.workload == "population":
@@ -121,11 +127,12 @@ def main() -> None:
     strategy = choose_strategy(args.strategy, num_parameters)
     engine = Engine(
         task=Task(model),
-        local=LocalTraining(batch_size=spec["batch"], num_epochs=1),
+        local=LocalTraining(batch_size=spec["batch"], num_epochs=1, loop=args.loop),
         clients_per_round=clients_per_round,
         strategy=strategy,
         server_tx=server_optimizer("sgd", 1.0),
         client_weighting="num_examples",
+        num_clients=population.num_clients,
     )
     hparams = {"lr": spec["lr"]}
     options = {}
@@ -133,23 +140,33 @@ def main() -> None:
         hparams["theta"] = args.theta
         options = {"reweighting": "exact"}
     algorithm = build_algorithm(args.algorithm, engine, options)
+    return dataset, population, model, engine, algorithm, hparams
+
+
+def _time_rounds(round_fn, state, population, keys, rounds, repeats):
+    start = time.perf_counter()
+    state, _ = round_fn(state, population, keys)
+    jax.block_until_ready(state)
+    compile_s = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(rounds):
+            state, _ = round_fn(state, population, keys)
+        jax.block_until_ready(state)
+        best = min(best, (time.perf_counter() - start) / rounds)
+    return compile_s, best
+
+
+def measure(args) -> dict:
+    """Rounds/s of one configuration (see the module docstring)."""
+    dataset, population, model, engine, algorithm, hparams = build(args)
+    strategy = engine.strategy
+    clients_per_round = engine.clients_per_round
     state = strategy.replicate(algorithm.init(model.init(jax.random.key(0)), hparams))
     population = strategy.replicate(population)
     round_fn = jax.jit(algorithm.round, donate_argnums=0)
-    key = jax.random.key(1)
-
-    start = time.perf_counter()
-    state, metrics = round_fn(state, population, key)
-    jax.block_until_ready(state)
-    compile_s = time.perf_counter() - start
-
-    best = float("inf")
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        for _ in range(args.rounds):
-            state, metrics = round_fn(state, population, key)
-        jax.block_until_ready(state)
-        best = min(best, (time.perf_counter() - start) / args.rounds)
+    compile_s, best = _time_rounds(round_fn, state, population, jax.random.key(1), args.rounds, args.repeats)
 
     # All clients train every round in the peers' workload; for sampled
     # cohorts, count the average client.
@@ -159,10 +176,11 @@ def main() -> None:
     )
     flops = useful_flops_per_round(model, trained, 1, args.algorithm == "deltafl")
     peak = peak_matmul_gflops()
-    result = {
+    return {
         "workload": args.workload,
         "algorithm": args.algorithm,
         "strategy": strategy.describe(),
+        "loop": args.loop,
         "devices": jax.device_count(),
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
@@ -177,6 +195,57 @@ def main() -> None:
         "jax": jax.__version__,
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def measure_sweep(args) -> dict:
+    """G settings as one vmapped round against the same G run one by one.
+
+    Throughput is settings x rounds per second; the settings are G learning
+    rates spread around the workload's. The sequential baseline reuses one
+    compiled single-setting round for all G settings (the fairest baseline:
+    no recompilation), running each setting's rounds in turn.
+    """
+    dataset, population, model, engine, algorithm, hparams = build(args)
+    grid = args.sweep
+    lrs = np.geomspace(hparams["lr"] / 4, hparams["lr"] * 2, grid)
+    states = [
+        algorithm.init(model.init(jax.random.key(0)), {**hparams, "lr": float(lr)}) for lr in lrs
+    ]
+    keys = jnp.stack([jax.random.key(g) for g in range(grid)])
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
+    sweep_fn = jax.jit(jax.vmap(algorithm.round, in_axes=(0, None, 0)), donate_argnums=0)
+    compile_sweep, per_sweep_round = _time_rounds(
+        sweep_fn, stacked, population, keys, args.rounds, args.repeats
+    )
+    single_fn = jax.jit(algorithm.round, donate_argnums=0)
+    compile_single, per_round = _time_rounds(
+        single_fn, states[0], population, jax.random.key(0), args.rounds, args.repeats
+    )
+    # One after another: G times the single setting's time (same shapes,
+    # same compiled function, so every setting costs the same).
+    sequential_settings_rounds_per_s = 1.0 / per_round
+    vmapped_settings_rounds_per_s = grid / per_sweep_round
+    return {
+        "workload": args.workload,
+        "algorithm": args.algorithm,
+        "strategy": engine.strategy.describe(),
+        "loop": args.loop,
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "sweep_points": grid,
+        "vmapped_setting_rounds_per_s": vmapped_settings_rounds_per_s,
+        "sequential_setting_rounds_per_s": sequential_settings_rounds_per_s,
+        "speedup": vmapped_settings_rounds_per_s / sequential_settings_rounds_per_s,
+        "compile_s_sweep": compile_sweep,
+        "compile_s_single": compile_single,
+        "jax": jax.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def main(argv=None) -> None:
+    args = ARGS if argv is None else _parse(argv)
+    result = measure_sweep(args) if args.sweep else measure(args)
     print(json.dumps(result), flush=True)
 
 

@@ -57,11 +57,17 @@ class LocalTraining:
       batch_size: B, examples per minibatch.
       num_epochs: E, passes over the client's data.
       max_steps: optional cap on a client's number of steps.
+      loop: 'scan' runs a `lax.scan` of the static length S, padding steps
+        skipped by a `lax.cond`; 'while' runs a loop whose trip count is the
+        client's own number of steps (under `vmap`: the largest in the
+        batch), so that batches of similar clients waste nothing. Both give
+        the same result; see docs/strategies.md for which is faster where.
     """
 
     batch_size: int
     num_epochs: int = 1
     max_steps: int | None = None
+    loop: str = "scan"
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -70,6 +76,8 @@ class LocalTraining:
             raise ValueError(f"num_epochs must be >= 1, got {self.num_epochs}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.loop not in ("scan", "while"):
+            raise ValueError(f"loop must be 'scan' or 'while', got {self.loop!r}")
 
     def num_steps(self, count: jax.Array, num_epochs: jax.Array | int | None = None):
         """Real steps of a client with `count` examples (traced)."""
@@ -186,15 +194,28 @@ def local_sgd(
         del step  # Unused.
         return params, jnp.zeros((), jnp.float32)
 
-    def body(carry, step):
-        params, loss_sum = carry
-        params, loss = jax.lax.cond(step < num_steps, train_step, skip_step, step, params)
-        return (params, loss_sum + loss), None
+    zero = jnp.zeros((), jnp.float32)
+    if config.loop == "while":
 
-    length = config.scan_length(max_count)
-    (params, loss_sum), _ = jax.lax.scan(
-        body, (params, jnp.zeros((), jnp.float32)), jnp.arange(length)
-    )
+        def while_body(step, carry):
+            params, loss_sum = carry
+            params, loss = train_step(step, params)
+            return params, loss_sum + loss
+
+        params, loss_sum = jax.lax.fori_loop(0, num_steps, while_body, (params, zero))
+    else:
+
+        def scan_body(carry, step):
+            params, loss_sum = carry
+            params, loss = jax.lax.cond(
+                step < num_steps, train_step, skip_step, step, params
+            )
+            return (params, loss_sum + loss), None
+
+        length = config.scan_length(max_count)
+        (params, loss_sum), _ = jax.lax.scan(
+            scan_body, (params, zero), jnp.arange(length)
+        )
     mean_loss = loss_sum / jnp.maximum(num_steps, 1)
     return LocalResult(params, num_steps.astype(jnp.int32), mean_loss)
 

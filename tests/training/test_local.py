@@ -51,10 +51,11 @@ _local_sgd = jax.jit(local_sgd, static_argnums=(0, 6))
         (4, 4, 3, 0.1, None, None, 5),  # step cap
     ],
 )
-def test_local_sgd_matches_numpy_reference(client, batch_size, num_epochs, lr, l2, mu, max_steps):
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_local_sgd_matches_numpy_reference(client, batch_size, num_epochs, lr, l2, mu, max_steps, loop):
     params = _start_params()
     key = jax.random.key(client + 10)
-    config = LocalTraining(batch_size, num_epochs, max_steps)
+    config = LocalTraining(batch_size, num_epochs, max_steps, loop=loop)
     hparams = LocalHParams(
         lr=jnp.float32(lr),
         l2=None if l2 is None else jnp.float32(l2),
@@ -138,9 +139,10 @@ def test_inactive_client_and_zero_lr_keep_params():
     jax.tree.map(np.testing.assert_array_equal, inactive.params, params)
 
 
-def test_vmap_over_clients_matches_loop():
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_vmap_over_clients_matches_loop(loop):
     params = _start_params()
-    config = LocalTraining(4, 2)
+    config = LocalTraining(4, 2, loop=loop)
     hparams = LocalHParams(lr=jnp.float32(0.1))
     ids = jnp.arange(len(SIZES), dtype=jnp.int32)
     keys = jax.vmap(jax.random.key)(ids)
@@ -177,6 +179,7 @@ def test_client_loss_and_error_matches_reference(chunk_size):
         (dict(batch_size=0), "batch_size"),
         (dict(batch_size=2, num_epochs=0), "num_epochs"),
         (dict(batch_size=2, max_steps=0), "max_steps"),
+        (dict(batch_size=2, loop="for"), "loop"),
     ],
 )
 def test_local_training_rejects_bad_shapes(kwargs, message):

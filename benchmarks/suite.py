@@ -1,0 +1,67 @@
+"""Runs several benchmark configurations in one process (one device start).
+
+    python benchmarks/suite.py --preset gpu --out results.jsonl
+
+Each configuration is a `rounds_per_second.py` command line; results are
+printed and appended to `--out` as JSON lines as soon as each finishes, so a
+run cut short keeps what it measured. The presets are the configurations of
+benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import rounds_per_second  # noqa: E402
+
+PRESETS = {
+    "gpu": [
+        "--workload emnist-linear --strategy vmap --rounds 30",
+        "--workload emnist-linear --strategy vmap --rounds 30 --loop while",
+        "--workload emnist-linear --strategy vmap --rounds 30 --algorithm deltafl",
+        "--workload synthetic-small --strategy vmap --rounds 30",
+        "--workload population --population 1000 --strategy vmap --rounds 30",
+        "--workload population --population 1000000 --strategy vmap --rounds 30",
+        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64",
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --algorithm deltafl",
+        "--workload emnist-cnn --strategy chunked:20 --rounds 3 --repeats 1",
+    ],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    for line in PRESETS[args.preset]:
+        start = time.perf_counter()
+        try:
+            config = rounds_per_second._parse(shlex.split(line))
+            result = (
+                rounds_per_second.measure_sweep(config)
+                if config.sweep
+                else rounds_per_second.measure(config)
+            )
+        except Exception as error:  # Keep measuring the others.
+            traceback.print_exc()
+            result = {"config": line, "error": repr(error)}
+        result["config"] = line
+        result["wall_s"] = time.perf_counter() - start
+        print(json.dumps(result), flush=True)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
