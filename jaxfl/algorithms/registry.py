@@ -30,12 +30,15 @@ import optax
 from jaxfl.algorithms.afl import afl
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.deltafl import deltafl
+from jaxfl.algorithms.dp_deltafl import dp_deltafl
+from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import LOCAL_HPARAM_DEFAULTS, fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.term import term
+from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
@@ -82,12 +85,16 @@ class AlgorithmSpec:
         algorithm (beyond the local ones), in `state.hparams` under the same
         names.
       options: static options (run setting -> default).
+      privacy: for differentially private algorithms, how the run's privacy
+        settings become noise hyperparameters before training and what the
+        run spent after it (`jaxfl.privacy.budget.DpBudget`); None otherwise.
     """
 
     build: Builder
     description: str
     hparams: tuple[str, ...] = ()
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    privacy: DpBudget | None = None
 
 
 def _shared(engine: Engine) -> dict[str, Any]:
@@ -215,6 +222,42 @@ SPECS: dict[str, AlgorithmSpec] = {
             "dp_bins": 32,
             "dp_bits": 32,
         },
+    ),
+    "dp-fedavg": AlgorithmSpec(
+        lambda engine, options: dp_fedavg(
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            strategy=engine.strategy,
+            server_tx=engine.server_tx,
+        ),
+        "DP-FedAvg (McMahan et al. 2018): clipped updates, Gaussian noise, "
+        "(epsilon, delta) client-level DP",
+        hparams=("clip_norm", "dp_noise_multiplier"),
+        privacy=DP_FEDAVG_BUDGET,
+    ),
+    "dp-deltafl": AlgorithmSpec(
+        lambda engine, options: dp_deltafl(
+            engine.task,
+            engine.local,
+            engine.clients_per_round,
+            strategy=engine.strategy,
+            server_tx=engine.server_tx,
+            dp_bins=options["dp_bins"],
+            dp_bits=options["dp_bits"],
+            dp_scale=options["dp_scale"],
+        ),
+        "DP Delta-FL (004 Algorithm 4): DP quantile filter, clipped noisy "
+        "updates, (epsilon, delta) client-level DP",
+        hparams=(
+            "theta",
+            "dp_loss_bound",
+            "clip_norm",
+            "dp_noise_multiplier",
+            "dp_quantile_sigma",
+        ),
+        options={"dp_bins": 32, "dp_bits": 32, "dp_scale": 10},
+        privacy=DP_DELTAFL_BUDGET,
     ),
 }
 

@@ -135,11 +135,15 @@ class RunConfig:
         low=0.0, low_open=True,
     )
     dp_bins: int = _field(
-        32, "deltafl --reweighting dp: histogram bins b, a power of two in [2, 65536]",
+        32,
+        "deltafl --reweighting dp, dp-deltafl: histogram bins b, a power of two "
+        "in [2, 65536]",
         low=2, high=2**16,
     )
     dp_loss_bound: float = _field(
-        3.0, "deltafl --reweighting dp: loss bound B > 0 (losses clipped to [0, B])",
+        3.0,
+        "deltafl --reweighting dp, dp-deltafl: loss bound B > 0 (losses clipped "
+        "to [0, B])",
         low=0.0, low_open=True,
     )
     dp_sigma: float = _field(
@@ -147,12 +151,53 @@ class RunConfig:
         low=0.0,
     )
     dp_scale: int = _field(
-        10, "deltafl --reweighting dp: integer scaling c >= 1 of the histograms", low=1,
+        10,
+        "deltafl --reweighting dp, dp-deltafl: integer scaling c >= 1 of the "
+        "histograms",
+        low=1,
     )
     dp_bits: int = _field(
         32,
-        "deltafl --reweighting dp: the secure sum is modulo 2^bits, bits in [2, 32]",
+        "deltafl --reweighting dp, dp-deltafl: the secure sum is modulo 2^bits, "
+        "bits in [2, 32]",
         low=2, high=32,
+    )
+    # Differential privacy (dp-fedavg, dp-deltafl; jaxfl.privacy). The
+    # guarantee is client-level (epsilon, delta)-DP for the whole run.
+    epsilon: float = _field(
+        5.0,
+        "dp-fedavg, dp-deltafl: target epsilon > 0 of the whole run's "
+        "(epsilon, delta) client-level DP",
+        low=0.0, low_open=True,
+    )
+    delta: float | None = _field(
+        None,
+        "dp-fedavg, dp-deltafl: delta in (0, 1) (unset: 1/n, n the training "
+        "clients)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
+    clip_norm: float = _field(
+        1.0,
+        "dp-fedavg, dp-deltafl: l2 norm bound C > 0 of each client's update",
+        low=0.0, low_open=True,
+    )
+    dp_quantile_ratio: float = _field(
+        0.25,
+        "dp-deltafl: r > 0, the quantile's per-round zCDP budget over the "
+        "update's (004 App. D.2)",
+        low=0.0, low_open=True,
+    )
+    dp_noise_multiplier: float | None = _field(
+        None,
+        "dp-fedavg, dp-deltafl: update noise std over its sensitivity 2C "
+        "(unset: calibrated to --epsilon; set: epsilon is only reported)",
+        low=0.0, low_open=True, optional=True,
+    )
+    dp_quantile_sigma: float | None = _field(
+        None,
+        "dp-deltafl: discrete Gaussian sigma >= 0.5 of the quantile per client "
+        "(unset: calibrated from the noise multiplier and --dp-quantile-ratio)",
+        low=0.5, optional=True,
     )
     strategy: str = _field(
         "auto",

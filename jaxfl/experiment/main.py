@@ -32,6 +32,16 @@ def _write_run(directory: Path, config: RunConfig, result: RunResult) -> None:
     write_json(directory / "summary.json", result.summary)
 
 
+def format_privacy(name: str, privacy: dict) -> str:
+    """One line: the (epsilon, delta) a DP run spent, and how it was counted."""
+    return (
+        f"{name}: spent ({privacy['epsilon']:.3f}, {privacy['delta']:.3g})-DP "
+        f"(client-level) over {privacy['rounds']} rounds: noise multiplier "
+        f"{privacy['noise_multiplier']:.4g}, sampling rate "
+        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting)"
+    )
+
+
 def run_main(config: RunConfig) -> int:
     """Runs the configured algorithms; returns the process exit status."""
     run_setup = setup(config)
@@ -93,6 +103,9 @@ def run_main(config: RunConfig) -> int:
         speed = summary["rounds_per_s"]
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
         print(f"{name}: {speed_text} after {summary['compile_s']:.1f} s of compilation")
+    for name, summary in summaries.items():
+        if "privacy" in summary:
+            print(format_privacy(name, summary["privacy"]))
     if output is not None:
         print(f"results in {output.path}")
     return 0

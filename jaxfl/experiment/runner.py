@@ -121,10 +121,14 @@ def ignored_settings(
     defaults = RunConfig()
     settings = sorted(
         {f for spec in SPECS.values() for f in (*spec.hparams, *spec.options)}
+        | {f for spec in SPECS.values() if spec.privacy for f in spec.privacy.settings}
     )
     used = set()
     for name, algorithm in algorithms.items():
-        used.update(hparam_fields(name, algorithm), algorithm_spec(name).options)
+        spec = algorithm_spec(name)
+        used.update(hparam_fields(name, algorithm), spec.options)
+        if spec.privacy is not None:
+            used.update(spec.privacy.settings)
     return tuple(
         field
         for field in settings
@@ -188,6 +192,21 @@ def setup(config: RunConfig) -> Setup:
         except ValueError as error:
             raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
+        privacy = algorithm_spec(name).privacy
+        if privacy is not None:
+            # Noise calibrated to the privacy budget (and every privacy
+            # setting checked) before anything trains.
+            try:
+                hparams[name].update(
+                    privacy.calibrate(
+                        config,
+                        num_clients=num_train,
+                        clients_per_round=config.clients_per_round,
+                        hparams=hparams[name],
+                    )
+                )
+            except ValueError as error:
+                raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
         print(
@@ -318,4 +337,13 @@ def run_algorithm(
         "strategy": engine.strategy.describe(),
         "backend": jax.default_backend(),
     }
+    privacy = algorithm_spec(name).privacy
+    if privacy is not None:
+        summary["privacy"] = privacy.report(
+            config,
+            num_clients=run_setup.dataset.train.num_clients,
+            clients_per_round=config.clients_per_round,
+            hparams={k: float(v) for k, v in jax.device_get(state.hparams).items()},
+            rounds_done=config.rounds,
+        )
     return RunResult(name, state, history, summary, clients)

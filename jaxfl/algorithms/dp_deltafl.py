@@ -1,0 +1,199 @@
+"""DP Delta-FL: Delta-FL with end-to-end differential privacy (004 Algorithm 4).
+
+One round (004 Appendix D.1, Algorithm 4, `shared/papers/
+004_81c8af14ec6ef25c.txt`):
+
+1. sample m of the n training clients uniformly without replacement;
+2. each sampled client computes its loss F_i(w_t) on all its data;
+3. the (1 - theta)-quantile Q_t of the losses clipped to [0, B] is computed
+   with distributed DP by 004 Algorithm 2 (`jaxfl.primitives.dp_quantile`:
+   a hierarchical histogram of b bins, discrete Gaussian noise sigma_q per
+   client and node, integer scale c, secure sum modulo 2^bits);
+4. the server broadcasts Q_t; each client decides alone whether it
+   contributes, p_i = 1[F_i(w_t) >= Q_t] (Algorithm 4 lines 4 and 9, as in
+   000 Algorithm 3's self-filtering: the server never learns who passed),
+   and those clients run local SGD from w_t;
+5. the secure aggregate releases s_t = sum_i p_i clip(w_i - w_t, C) +
+   N(0, sigma_w^2 I), sigma_w = z 2C (`jaxfl.privacy.noise`);
+6. w_{t+1} = w_t + s_t / m_t with m_t = sum_i p_i, through the server
+   optimizer as -s_t / m_t (SGD with learning rate 1 is Algorithm 4 line
+   10). m_t is treated as public, as 004 Appendix D assumes ("we assume the
+   number m^(t) of selected clients is publicly known"); this is a caveat: a
+   deployment must release it (it is not covered by the accounting). When
+   no client passes (m_t = 0) the round makes no update (the released sum
+   is discarded: post-processing).
+
+Differences from Algorithm 4 as printed: the noise is added to the sum, not
+to the average (line 10), so that its privacy, 1 / (2 z^2) zCDP, does not
+depend on m_t (`jaxfl.privacy.noise`); and the round's privacy is
+accounted with the Gaussian mechanism's rho = Delta^2 / (2 sigma^2), not
+Claim 20's sigma_w^2 / (2 C^2) (`jaxfl.privacy.accounting`).
+
+Numeric hyperparameters (`state.hparams`), besides the local ones: 'theta'
+in (0, 1] (default 0.5), 'dp_loss_bound' B > 0 (default 3), 'clip_norm' C >
+0 (default 1), 'dp_noise_multiplier' z >= 0 and 'dp_quantile_sigma'
+sigma_q >= 0 (no defaults: NaN until calibrated by `jaxfl.privacy.budget`,
+which sets them from epsilon, delta and the quantile ratio r). Static: b
+(`dp_bins`), the ring 2^`dp_bits` and the scale c (`dp_scale`), which
+enter the accounting (Theorem 6) and so are not swept by vmap.
+
+With z = sigma_q = 0, C = inf and uniform client weights this is Delta-FL
+with `reweighting='dp'` at dp_sigma = 0 (the histogram quantile), exactly
+(tested).
+
+Keys: the quantile's noise from the plan key `split(round_keys(key,
+t).server)[0]`, the update's from the aggregation key `split(...)[1]`
+(`jaxfl.algorithms.fedavg`): distinct, and fresh every round.
+
+Metrics: 'threshold' Q_t, 'clients_with_weight' m_t, and as for DP-FedAvg
+'clipped_fraction' (of the contributing clients) and 'mean_update_norm'
+(simulation diagnostics, not DP releases).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.deltafl import client_passes
+from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS
+from jaxfl.algorithms.fedavg import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    weighted_averaging_algorithm,
+)
+from jaxfl.primitives import dp_quantile
+from jaxfl.primitives.dp_quantile import check_modulus
+from jaxfl.privacy.budget import NOISE_MULTIPLIER, QUANTILE_SIGMA
+from jaxfl.privacy.noise import noisy_clipped_sum
+from jaxfl.training.cohort import CohortResults
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key
+
+
+def dp_deltafl(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    *,
+    strategy: ClientStrategy,
+    server_tx: optax.GradientTransformation | None = None,
+    dp_bins: int = 32,
+    dp_bits: int = 32,
+    dp_scale: int = 10,
+) -> FederatedAlgorithm:
+    """DP Delta-FL, 004 Algorithm 4 (see the module docstring).
+
+    Args:
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: m, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+      dp_bins: b, histogram bins, a power of two >= 2.
+      dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
+      dp_scale: c, the integer scale of the histograms, >= 1.
+
+    Returns:
+      The `FederatedAlgorithm`.
+
+    Raises:
+      ValueError: invalid dp_bins, dp_bits or dp_scale.
+    """
+    if dp_bins < 2 or dp_bins & (dp_bins - 1):
+        raise ValueError(f"dp_bins must be a power of two >= 2, got {dp_bins}")
+    if not 2 <= dp_bits <= 32:
+        raise ValueError(f"dp_bits must be in [2, 32], got {dp_bits}")
+    modulus = check_modulus(2**dp_bits)
+    if int(dp_scale) != dp_scale or dp_scale < 1:
+        raise ValueError(f"dp_scale must be an integer >= 1, got {dp_scale}")
+    scale = int(dp_scale)
+
+    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+        hparams = state.hparams
+        bound = hparams["dp_loss_bound"]
+        threshold = dp_quantile(
+            key,
+            jnp.clip(cohort.initial_loss, 0.0, bound),
+            hparams["theta"],
+            num_bins=dp_bins,
+            upper=bound,
+            sigma=hparams[QUANTILE_SIGMA],
+            scale=scale,
+            modulus=modulus,
+        )
+        # An uncalibrated (NaN) sigma must not pass for a noiseless quantile.
+        threshold = jnp.where(jnp.isnan(hparams[QUANTILE_SIGMA]), jnp.nan, threshold)
+        # Each client compares its own loss with the broadcast Q (weight 1:
+        # the average is over m_t clients, Algorithm 4 line 10).
+        weights, passes = jax.vmap(client_passes, in_axes=(0, None, None))(
+            cohort.initial_loss, jnp.float32(1.0), threshold
+        )
+        return ClientPlan(
+            weights=weights,
+            active=passes,
+            metrics={"threshold": threshold},
+        )
+
+    def aggregate(
+        results: CohortResults,
+        cohort: Cohort,
+        client_plan: ClientPlan,
+        state: ServerState,
+        key: Key,
+    ) -> Aggregation:
+        del cohort  # Unused.
+        contributes = client_plan.active
+        released = noisy_clipped_sum(
+            key,
+            results.deltas,
+            contributes,
+            clip_norm=state.hparams["clip_norm"],
+            noise_multiplier=state.hparams[NOISE_MULTIPLIER],
+        )
+        selected = jnp.sum(contributes.astype(jnp.int32))
+        # s_t / m_t, and no update when nobody passed.
+        inverse_count = jnp.where(
+            selected > 0, 1.0 / jnp.maximum(selected, 1).astype(jnp.float32), 0.0
+        )
+        mean_delta = jax.tree.map(
+            lambda x: x * inverse_count.astype(x.dtype), released.total
+        )
+        contributing = jnp.maximum(selected, 1).astype(jnp.float32)
+        metrics = {
+            "clipped_fraction": jnp.sum(released.clipped.astype(jnp.float32))
+            / contributing,
+            "mean_update_norm": jnp.sum(
+                jnp.where(contributes, released.update_norms, 0.0)
+            )
+            / contributing,
+        }
+        return Aggregation(
+            mean_delta, contributes.astype(jnp.float32), state.extra, metrics
+        )
+
+    defaults = {
+        "theta": 0.5,
+        "dp_loss_bound": 3.0,
+        **DP_HPARAM_DEFAULTS,
+        QUANTILE_SIGMA: math.nan,
+    }
+    return weighted_averaging_algorithm(
+        "dp-deltafl",
+        task,
+        local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting="uniform",
+        plan=plan,
+        plan_uses_loss=True,
+        aggregate=aggregate,
+        extra_hparam_defaults=defaults,
+    )

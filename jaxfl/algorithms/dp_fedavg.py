@@ -1,0 +1,119 @@
+"""DP-FedAvg: FedAvg with client-level differential privacy (McMahan et al. 2018).
+
+One round (McMahan, Ramage, Talwar, Zhang, Learning Differentially Private
+Recurrent Language Models, ICLR 2018, with fixed-size cohorts; thesis
+Algorithm 10 with A = 1, `shared/notes/thesis-spec.md` section 7.5; 004
+Section 7.7 and Appendix D.2's baseline):
+
+1. sample m of the n training clients uniformly without replacement;
+2. each runs local SGD from w_t (the engine's local training) and clips its
+   update to l2 norm C: delta_i = clip(w_i - w_t, C) (`jaxfl.privacy.
+   clipping`);
+3. the secure aggregate releases s_t = sum_i delta_i + N(0, sigma^2 I),
+   sigma = z 2C, 2C being the sum's sensitivity to replacing one client's
+   data (`jaxfl.privacy.noise`, `jaxfl.privacy.accounting`);
+4. the server divides by the public cohort size m (every client counts
+   equally: weights must be bounded for the sensitivity to hold, so the
+   run's client weighting is not used) and takes its optimizer step with
+   -s_t / m as the gradient (SGD with learning rate 1: w_{t+1} = w_t +
+   s_t / m).
+
+Numeric hyperparameters (`state.hparams`): 'clip_norm' C > 0 and
+'dp_noise_multiplier' z >= 0, besides the local ones. z has no meaningful
+default: the runner sets it from the target epsilon
+(`jaxfl.privacy.budget.DpBudget.calibrate`); built directly, the algorithm
+defaults it to NaN so that a forgotten calibration cannot train silently.
+z = 0 with C = inf is FedAvg with uniform client weights, exactly.
+
+Keys: the noise comes from the aggregation key `split(round_keys(key,
+t).server)[1]` (`jaxfl.algorithms.fedavg`), fresh every round.
+
+Round metrics beyond FedAvg's: 'clipped_fraction' (clients whose update was
+scaled down) and 'mean_update_norm' (before clipping), useful to choose C;
+like FedAvg's 'train_loss' they are computed from private data and are
+simulation diagnostics, not DP releases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.fedavg import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    weighted_averaging_algorithm,
+)
+from jaxfl.privacy.budget import NOISE_MULTIPLIER
+from jaxfl.privacy.noise import noisy_clipped_sum
+from jaxfl.training.cohort import CohortResults
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key
+
+DP_HPARAM_DEFAULTS = {"clip_norm": 1.0, NOISE_MULTIPLIER: math.nan}
+
+
+def dp_fedavg(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    *,
+    strategy: ClientStrategy,
+    server_tx: optax.GradientTransformation | None = None,
+) -> FederatedAlgorithm:
+    """DP-FedAvg (see the module docstring).
+
+    Args:
+      task: model and loss.
+      local: static local-training shape.
+      clients_per_round: m, clients sampled per round.
+      strategy: how clients are laid out on the hardware.
+      server_tx: server optimizer (default: SGD with learning rate 1).
+
+    Returns:
+      The `FederatedAlgorithm`.
+    """
+
+    def aggregate(
+        results: CohortResults,
+        cohort: Cohort,
+        plan: ClientPlan,
+        state: ServerState,
+        key: Key,
+    ) -> Aggregation:
+        del cohort, plan  # Unused: every sampled client contributes.
+        everyone = jnp.ones(results.client_ids.shape, bool)
+        released = noisy_clipped_sum(
+            key,
+            results.deltas,
+            everyone,
+            clip_norm=state.hparams["clip_norm"],
+            noise_multiplier=state.hparams[NOISE_MULTIPLIER],
+        )
+        # The public denominator m (a Python int), not a data-dependent count.
+        mean_delta = jax.tree.map(lambda x: x / clients_per_round, released.total)
+        metrics = {
+            "clipped_fraction": jnp.mean(released.clipped.astype(jnp.float32)),
+            "mean_update_norm": jnp.mean(released.update_norms),
+        }
+        return Aggregation(
+            mean_delta, everyone.astype(jnp.float32), state.extra, metrics
+        )
+
+    return weighted_averaging_algorithm(
+        "dp-fedavg",
+        task,
+        local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting="uniform",
+        aggregate=aggregate,
+        extra_hparam_defaults=DP_HPARAM_DEFAULTS,
+    )

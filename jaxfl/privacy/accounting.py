@@ -1,0 +1,359 @@
+r"""Privacy accounting of DP-FedAvg and DP Delta-FL with Google's dp-accounting.
+
+Unit of privacy and adjacency. Client-level (user-level) DP (thesis
+Definition 4, `shared/notes/thesis-spec.md` section 7.1): two training
+populations are neighbours when they differ in the *whole data of one
+client*, replaced by arbitrary data; the number n of training clients is
+public (`REPLACE_ONE` in dp-accounting). This is the adjacency under which
+the amplification of sampling a fixed-size cohort without replacement is
+proved (Wang, Balle, Kasiviswanathan, Subsampled Renyi Differential Privacy
+and Analytical Moments Accountant, AISTATS 2019, Theorem 27), and the only
+one dp-accounting accepts for `SampledWithoutReplacementDpEvent`.
+
+What one round releases, and its sensitivity (per round t):
+
+1. sampling: a cohort S of m of the n clients, uniformly without replacement
+   (m, n public; the draw is the server's secret randomness);
+2. the update: the noisy sum s_t = sum_{i in S} p_i clip(u_i, C) + N(0,
+   sigma_w^2 I) (`jaxfl.privacy.noise`). Replacing one client's data changes
+   at most one term, from a vector of norm <= C to another: the l2
+   sensitivity is Delta = 2C (`sum_sensitivity`; it would be C under
+   add/remove-one, as jax_privacy's `BoundedSensitivityCallable` also
+   states). With sigma_w = z Delta the Gaussian mechanism is
+   rho_w = Delta^2 / (2 sigma_w^2) = 1 / (2 z^2) zCDP (Bun and Steinke 2016).
+   (004 Appendix D, Claim 20, writes sigma_w^2 / (2 C^2), the inverse; the
+   form here is the Gaussian mechanism's.) The server then divides by a
+   public count -- m for DP-FedAvg (the cohort size, which is also its
+   expected size: McMahan et al. 2018's fixed denominator), m_t for DP
+   Delta-FL, which 004 Appendix D assumes public -- and takes a server
+   optimizer step: post-processing;
+3. DP Delta-FL only: the noisy hierarchical histogram of the m cohort losses
+   (004 Algorithm 2, `jaxfl.primitives.dp_quantile`), from which the server
+   reads the threshold Q_t. Theorem 6(a) of 004 with n = m clients gives
+   rho_q = eps_q^2 / 2 with eps_q = `dp_quantile_epsilon(b, m, sigma_q, c)`.
+   Theorem 6 takes the sensitivity of the scaled histogram sum as
+   c log2(b); under replacement one client's one-hot tree changes in at most
+   2 log2(b) entries by c, an l2 change of c sqrt(2 log2 b) <= c log2 b when
+   b >= 4 (so Theorem 6's value is an upper bound here; b = 2 is refused by
+   `jaxfl.privacy.budget`). The modular secure sum is a function of the
+   noisy sum, so the modulus M only matters for utility (Theorem 6(b)).
+
+Budget split (004 Section 7.7 and Appendix D.2: "the privacy budget for the
+quantile computation to be r times the privacy budget of the weight
+update"). Here *budget* means the per-round, per-cohort zCDP parameter rho
+(before amplification): rho_q = r rho_w, i.e. eps_q = sqrt(2 r rho_w) =
+sqrt(r) / z (`quantile_epsilon_for`). The quantile's share of a round's
+zCDP is r / (1 + r).
+
+The accountant (`make_accountant`): dp-accounting's `RdpAccountant` with its
+default Renyi orders and `NeighboringRelation.REPLACE_ONE`. A round is the
+event
+
+    SampledWithoutReplacementDpEvent(n, m,
+        ComposedDpEvent([GaussianDpEvent(z), GaussianDpEvent(1 / eps_q)]))
+
+(DP-FedAvg: the Gaussian alone), and T rounds are `SelfComposedDpEvent(round,
+T)`; epsilon at a delta is `RdpAccountant.get_epsilon(delta)`. Composition
+and amplification are the library's: dp-accounting merges the two Gaussians
+into one of multiplier (z^-2 + eps_q^2)^(-1/2) (same data, Mironov et al.
+2019, Section 3) and amplifies it by WBK19 Theorem 27.
+
+Caveat (DP Delta-FL). `GaussianDpEvent(1 / eps_q)` is the Gaussian mechanism
+whose zCDP is exactly Theorem 6(a)'s rho_q, i.e. the quantile enters the
+accountant as "a Gaussian of equal zCDP". That is exact for the unsampled
+round, but the amplification bound dp-accounting applies is proved for the
+Gaussian mechanism; the distributed discrete Gaussian is only shown to have
+the same zCDP (up to the psi term already in eps_q). So the DP Delta-FL
+epsilon assumes that the quantile amplifies under sampling like a Gaussian
+of equal zCDP (004 Appendix D likewise applies generic subsampling bounds).
+`epsilon_spent(..., amplified=False)` gives a bound that needs no such
+assumption: each round as `ZCDpEvent(rho_w + rho_q)` with no amplification
+(valid for any mechanism, since the Renyi divergence is jointly
+quasi-convex, van Erven and Harremoes 2014, Theorem 13), but much larger.
+The two mechanisms share the cohort, so their amplification cannot be split
+(amplifying the update and adding an unamplified quantile is *not* a valid
+bound: the threshold can reveal whether a client was sampled).
+
+Everything here is host-side Python (float64), outside the compiled round.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import dp_accounting
+from dp_accounting.rdp import rdp_privacy_accountant
+
+ADJACENCY = dp_accounting.NeighboringRelation.REPLACE_ONE
+ACCOUNTANT_NAME = (
+    "dp_accounting.rdp.RdpAccountant (Renyi DP, default orders, "
+    "NeighboringRelation.REPLACE_ONE; sampling without replacement by "
+    "Wang-Balle-Kasiviswanathan 2019 Thm. 27)"
+)
+# The smallest noise multiplier the calibration's bracket starts from (the
+# accountant returns a finite, huge epsilon there; 0 would divide by zero).
+_SMALLEST_NOISE_MULTIPLIER = 1e-2
+
+
+def sum_sensitivity(clip_norm):
+    """l2 sensitivity 2C of a sum of updates clipped to C, under REPLACE_ONE.
+
+    Works on Python numbers and traced arrays alike.
+    """
+    return 2 * clip_norm
+
+
+class Sampling(NamedTuple):
+    """Cohort sampling: m of n clients, uniformly without replacement.
+
+    Attributes:
+      num_clients: n, the training clients (public).
+      clients_per_round: m, the cohort size (public).
+    """
+
+    num_clients: int
+    clients_per_round: int
+
+    @property
+    def rate(self) -> float:
+        """The sampling rate q = m / n."""
+        return self.clients_per_round / self.num_clients
+
+
+def check_sampling(sampling: Sampling) -> Sampling:
+    """Returns `sampling` as ints; ValueError unless 1 <= m <= n."""
+    n, m = int(sampling.num_clients), int(sampling.clients_per_round)
+    if not 1 <= m <= n:
+        raise ValueError(f"clients_per_round must be in [1, {n}], got {m}")
+    return Sampling(n, m)
+
+
+def _check_positive(value, name: str) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return value
+
+
+def _check_delta(delta) -> float:
+    delta = float(delta)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    return delta
+
+
+def _check_rounds(rounds) -> int:
+    if int(rounds) != rounds or rounds < 0:
+        raise ValueError(f"rounds must be an integer >= 0, got {rounds}")
+    return int(rounds)
+
+
+def gaussian_rho(noise_multiplier: float) -> float:
+    """The zCDP rho of a Gaussian mechanism with noise std z times the sensitivity.
+
+    rho = Delta^2 / (2 sigma^2) = 1 / (2 z^2) (Bun and Steinke 2016, Prop. 1.6).
+    """
+    return 1.0 / (2.0 * _check_positive(noise_multiplier, "noise_multiplier") ** 2)
+
+
+def quantile_epsilon_for(noise_multiplier: float, quantile_ratio: float) -> float:
+    """eps_q with rho_q = r rho_w: the quantile's budget is r times the update's.
+
+    eps_q = sqrt(2 r rho_w) = sqrt(r) / z (see the module docstring).
+
+    Args:
+      noise_multiplier: z > 0 of the update.
+      quantile_ratio: r > 0.
+
+    Returns:
+      The zCDP epsilon of Theorem 6(a) (rho_q = eps_q^2 / 2) the quantile may
+      spend per round.
+    """
+    rho_w = gaussian_rho(noise_multiplier)
+    ratio = _check_positive(quantile_ratio, "quantile_ratio")
+    return math.sqrt(2.0 * ratio * rho_w)
+
+
+def round_event(
+    sampling: Sampling, noise_multiplier: float, quantile_epsilon: float | None = None
+) -> dp_accounting.DpEvent:
+    """One round: sample m of n, then the update's Gaussian and the quantile.
+
+    Args:
+      sampling: n and m.
+      noise_multiplier: z > 0 (update noise std over its sensitivity 2C).
+      quantile_epsilon: the quantile's Theorem 6(a) epsilon per round, or None
+        (DP-FedAvg: no quantile).
+
+    Returns:
+      `SampledWithoutReplacementDpEvent(n, m, Gaussian(z)
+      [+ Gaussian(1 / eps_q)])`.
+    """
+    sampling = check_sampling(sampling)
+    mechanism = dp_accounting.GaussianDpEvent(
+        _check_positive(noise_multiplier, "noise_multiplier")
+    )
+    if quantile_epsilon is not None:
+        # The Gaussian mechanism with multiplier 1 / eps_q is exactly
+        # (eps_q^2 / 2)-zCDP, Theorem 6(a)'s value (module docstring caveat).
+        quantile = dp_accounting.GaussianDpEvent(
+            1.0 / _check_positive(quantile_epsilon, "quantile_epsilon")
+        )
+        mechanism = dp_accounting.ComposedDpEvent([mechanism, quantile])
+    return dp_accounting.SampledWithoutReplacementDpEvent(
+        sampling.num_clients, sampling.clients_per_round, mechanism
+    )
+
+
+def unamplified_round_event(
+    noise_multiplier: float, quantile_epsilon: float | None = None
+) -> dp_accounting.DpEvent:
+    """One round as plain zCDP, no amplification: `ZCDpEvent(rho_w + rho_q)`."""
+    rho = gaussian_rho(noise_multiplier)
+    if quantile_epsilon is not None:
+        rho += _check_positive(quantile_epsilon, "quantile_epsilon") ** 2 / 2.0
+    return dp_accounting.ZCDpEvent(rho)
+
+
+def training_event(
+    rounds: int,
+    sampling: Sampling,
+    noise_multiplier: float,
+    quantile_epsilon: float | None = None,
+    *,
+    amplified: bool = True,
+) -> dp_accounting.DpEvent:
+    """T rounds: `SelfComposedDpEvent(round, T)` (adaptive composition)."""
+    rounds = _check_rounds(rounds)
+    event = (
+        round_event(sampling, noise_multiplier, quantile_epsilon)
+        if amplified
+        else unamplified_round_event(noise_multiplier, quantile_epsilon)
+    )
+    return dp_accounting.SelfComposedDpEvent(event, rounds)
+
+
+def make_accountant() -> rdp_privacy_accountant.RdpAccountant:
+    """A fresh RDP accountant with the replace-one-client adjacency."""
+    return rdp_privacy_accountant.RdpAccountant(neighboring_relation=ADJACENCY)
+
+
+def epsilon_spent(
+    rounds_done: int,
+    sampling: Sampling,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    quantile_epsilon: float | None = None,
+    amplified: bool = True,
+) -> float:
+    """The epsilon of (epsilon, delta)-DP spent by `rounds_done` rounds.
+
+    Args:
+      rounds_done: rounds completed (0 gives 0).
+      sampling: n and m.
+      noise_multiplier: z > 0 of the update.
+      delta: in (0, 1).
+      quantile_epsilon: DP Delta-FL's per-round quantile epsilon (Theorem
+        6(a)), or None for DP-FedAvg.
+      amplified: True: the accountant of the module docstring; False: the
+        assumption-free bound without amplification.
+
+    Returns:
+      epsilon from `make_accountant()`.
+
+    Raises:
+      ValueError: arguments out of range.
+    """
+    rounds_done = _check_rounds(rounds_done)
+    delta = _check_delta(delta)
+    event = training_event(
+        rounds_done, sampling, noise_multiplier, quantile_epsilon, amplified=amplified
+    )
+    if rounds_done == 0:
+        return 0.0
+    return float(make_accountant().compose(event).get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=256)
+def noise_multiplier_for(
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    sampling: Sampling,
+    *,
+    quantile_ratio: float | None = None,
+    quantile_epsilon: float | None = None,
+    tolerance: float = 1e-5,
+) -> float:
+    """The smallest update noise multiplier z whose run spends <= target_epsilon.
+
+    The epsilon of `epsilon_spent(rounds, sampling, z, delta, ...)` is
+    continuous and strictly decreasing in z (more noise, and with a ratio r
+    also a smaller quantile epsilon sqrt(r)/z), so the solution is unique;
+    it is found by dp-accounting's `calibrate_dp_mechanism` (a bracket by
+    doubling, then Brent's method on the accountant's epsilon), which
+    guarantees epsilon(z) <= target_epsilon and z within `tolerance` of the
+    optimum. Results are cached.
+
+    Args:
+      target_epsilon: > 0.
+      delta: in (0, 1).
+      rounds: T >= 1.
+      sampling: n and m.
+      quantile_ratio: r > 0: the quantile gets eps_q = sqrt(r) / z
+        (`quantile_epsilon_for`); DP Delta-FL's budget split.
+      quantile_epsilon: a fixed per-round quantile epsilon instead (exclusive
+        with `quantile_ratio`).
+      tolerance: absolute tolerance on z.
+
+    Returns:
+      z (a Python float).
+
+    Raises:
+      ValueError: arguments out of range, both quantile arguments given, or a
+        fixed quantile epsilon that alone exceeds the target (no z reaches it).
+    """
+    target_epsilon = _check_positive(target_epsilon, "target_epsilon")
+    delta = _check_delta(delta)
+    rounds = _check_rounds(rounds)
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1 to calibrate noise")
+    sampling = check_sampling(sampling)
+    if quantile_ratio is not None and quantile_epsilon is not None:
+        raise ValueError("give quantile_ratio or quantile_epsilon, not both")
+    if quantile_ratio is not None:
+        _check_positive(quantile_ratio, "quantile_ratio")
+
+    def event(z: float) -> dp_accounting.DpEvent:
+        z = float(z)
+        eps_q = quantile_epsilon
+        if quantile_ratio is not None:
+            eps_q = quantile_epsilon_for(z, quantile_ratio)
+        return training_event(rounds, sampling, z, eps_q)
+
+    if quantile_epsilon is not None:
+        # With the quantile fixed, epsilon decreases to the quantile's own
+        # value as z -> inf (the update is then a Gaussian of infinite noise).
+        floor = epsilon_spent(
+            rounds, sampling, 1e6, delta, quantile_epsilon=quantile_epsilon
+        )
+        if floor >= target_epsilon:
+            raise ValueError(
+                f"the quantile alone spends epsilon={floor:.4g} >= the target "
+                f"{target_epsilon:g}: raise its noise or the target"
+            )
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            make_accountant,
+            event,
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(
+                _SMALLEST_NOISE_MULTIPLIER, 1.0
+            ),
+            tol=tolerance,
+        )
+    )

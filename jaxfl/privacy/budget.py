@@ -1,0 +1,350 @@
+"""From a run's privacy settings to calibrated noise, and back to epsilon spent.
+
+A DP algorithm's registry entry (`jaxfl.algorithms.registry.AlgorithmSpec.
+privacy`) holds a `DpBudget`. Before training, the runner calls
+`DpBudget.calibrate` with the run's settings; it checks them (raising
+`ValueError` with a one-line message, which the CLI prints before anything
+is trained or written) and returns the noise hyperparameters that go into
+`ServerState.hparams`:
+
+* 'dp_noise_multiplier' z: the update's noise std over its sensitivity 2C
+  (`jaxfl.privacy.accounting`), the smallest z whose run of `rounds` rounds
+  spends at most `epsilon` at `delta` (default delta = 1/n);
+* 'dp_quantile_sigma' sigma_q (DP Delta-FL): the discrete Gaussian parameter
+  per client of 004 Algorithm 2 whose Theorem 6(a) epsilon is
+  eps_q = sqrt(r) / z, i.e. the quantile's per-round zCDP is r times the
+  update's (`accounting.quantile_epsilon_for`), obtained with the
+  primitive's inverse `dp_quantile_sigma(eps_q, b, m, c)` at the scale c.
+
+A setting given explicitly (`dp_noise_multiplier`, `dp_quantile_sigma`) is
+used as is and the other is calibrated around it; the target epsilon is then
+only reported, not enforced (the report shows what was spent).
+
+After training the runner calls `DpBudget.report` with the state's
+hyperparameters: the epsilon spent comes from the accountant at the noise
+actually used (float32, rounded up so that the target is never exceeded).
+
+Refused settings (each a one-line `ValueError`):
+
+* epsilon <= 0, delta outside (0, 1), clip_norm <= 0 or not finite,
+  r <= 0, sigma_q < 1/2 (Theorem 6 needs sigma >= 1/2);
+* DP Delta-FL with b < 4 bins (the Theorem 6 sensitivity c log2(b) bounds
+  the replace-one sensitivity c sqrt(2 log2 b) only for b >= 4);
+* a ring 2^bits smaller than the modulus Theorem 6 requires at this delta
+  (`dp_quantile_modulus(b, m, sigma_q, c, delta)`);
+* a quantile budget that needs sigma_q < 1/2 at the scale c (raise c);
+* absurd noise: z > m / 2 (`max_noise_multiplier`). Then the noise std on
+  each coordinate of the sum, z 2C, exceeds m C, the largest norm the whole
+  cohort's clipped sum can have: every coordinate of every round is
+  dominated by noise, and the run would train to nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxfl.primitives.dp_quantile import (
+    MAX_MODULUS,
+    dp_quantile_epsilon,
+    dp_quantile_modulus,
+    dp_quantile_sigma,
+)
+from jaxfl.privacy.accounting import (
+    ACCOUNTANT_NAME,
+    Sampling,
+    check_sampling,
+    epsilon_spent,
+    gaussian_rho,
+    noise_multiplier_for,
+    quantile_epsilon_for,
+    sum_sensitivity,
+)
+
+NOISE_MULTIPLIER = "dp_noise_multiplier"
+QUANTILE_SIGMA = "dp_quantile_sigma"
+# Theorem 6 of 004 holds for sigma >= 1/2.
+MIN_QUANTILE_SIGMA = 0.5
+# Smallest b whose Theorem 6 sensitivity covers replacement (module docstring).
+MIN_QUANTILE_BINS = 4
+
+
+def max_noise_multiplier(clients_per_round: int) -> float:
+    """The largest noise multiplier accepted, m / 2 (see the module docstring).
+
+    Above it the noise std z 2C on each coordinate exceeds m C, the largest
+    norm of the cohort's clipped sum.
+    """
+    return clients_per_round / 2.0
+
+
+def default_delta(num_clients: int) -> float:
+    """The default delta, 1 / n (004 Section 7.7: (epsilon, 1/n)-DP)."""
+    return 1.0 / num_clients
+
+
+def _float32_at_least(value: float) -> float:
+    """The smallest float32 >= value: what the state holds, never less noise."""
+    rounded = np.float32(value)
+    if float(rounded) < value:
+        rounded = np.nextafter(rounded, np.float32(np.inf))
+    return float(rounded)
+
+
+def _positive(value, name: str) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value:g}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DpBudget:
+    """The privacy side of a DP algorithm (see the module docstring).
+
+    Attributes:
+      with_quantile: whether rounds also release the DP quantile (DP
+        Delta-FL) besides the noisy update sum (both algorithms).
+    """
+
+    with_quantile: bool = False
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The run settings read here beyond the algorithm's hyperparameters."""
+        names = ("epsilon", "delta")
+        if self.with_quantile:
+            names += ("dp_quantile_ratio",)
+        return names
+
+    def _delta(self, settings: Any, sampling: Sampling) -> float:
+        delta = settings.delta
+        if delta is None:
+            return default_delta(sampling.num_clients)
+        delta = float(delta)
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta:g}")
+        return delta
+
+    def _quantile_statics(self, settings: Any) -> tuple[int, int, int]:
+        bins, bits, scale = settings.dp_bins, settings.dp_bits, settings.dp_scale
+        bins, bits = int(bins), int(bits)
+        if bins < MIN_QUANTILE_BINS:
+            raise ValueError(
+                f"dp_bins must be >= {MIN_QUANTILE_BINS} for DP accounting of the "
+                f"quantile (004 Theorem 6's sensitivity covers replacing a client "
+                f"only from b = 4), got {bins}"
+            )
+        return bins, bits, int(scale)
+
+    def calibrate(
+        self,
+        settings: Any,
+        *,
+        num_clients: int,
+        clients_per_round: int,
+        hparams: Mapping[str, float],
+    ) -> dict[str, float]:
+        """The noise hyperparameters of a run (module docstring).
+
+        Args:
+          settings: the run's settings by attribute (a `RunConfig`): epsilon,
+            delta (None: 1/n), rounds, and for DP Delta-FL
+            dp_quantile_ratio, dp_bins, dp_bits, dp_scale.
+          num_clients: n, the training clients.
+          clients_per_round: m.
+          hparams: the algorithm's hyperparameters from the settings so far;
+            'clip_norm' is checked, and a 'dp_noise_multiplier' or
+            'dp_quantile_sigma' present here is kept as given.
+
+        Returns:
+          {'dp_noise_multiplier': z} and, with the quantile,
+          {'dp_quantile_sigma': sigma_q}, as float32-representable floats.
+
+        Raises:
+          ValueError: a refused setting (module docstring), one line.
+        """
+        sampling = check_sampling(Sampling(num_clients, clients_per_round))
+        delta = self._delta(settings, sampling)
+        _positive(hparams["clip_norm"], "clip_norm")
+        rounds = int(settings.rounds)
+        given_z = hparams.get(NOISE_MULTIPLIER)
+        given_sigma = hparams.get(QUANTILE_SIGMA) if self.with_quantile else None
+        if given_z is not None:
+            _positive(given_z, NOISE_MULTIPLIER)
+        if given_sigma is not None and not given_sigma >= MIN_QUANTILE_SIGMA:
+            raise ValueError(
+                f"{QUANTILE_SIGMA} must be >= {MIN_QUANTILE_SIGMA} (004 Theorem 6), "
+                f"got {given_sigma:g}"
+            )
+        out: dict[str, float] = {}
+        if not self.with_quantile:
+            z = given_z
+            if z is None:
+                z = noise_multiplier_for(
+                    _positive(settings.epsilon, "epsilon"), delta, rounds, sampling
+                )
+            out[NOISE_MULTIPLIER] = _float32_at_least(z)
+        else:
+            bins, bits, scale = self._quantile_statics(settings)
+            ratio = _positive(settings.dp_quantile_ratio, "dp_quantile_ratio")
+            m = sampling.clients_per_round
+            z = given_z
+            if z is None:
+                if given_sigma is None:
+                    z = noise_multiplier_for(
+                        _positive(settings.epsilon, "epsilon"),
+                        delta,
+                        rounds,
+                        sampling,
+                        quantile_ratio=ratio,
+                    )
+                else:
+                    z = noise_multiplier_for(
+                        _positive(settings.epsilon, "epsilon"),
+                        delta,
+                        rounds,
+                        sampling,
+                        quantile_epsilon=dp_quantile_epsilon(
+                            bins, m, given_sigma, scale
+                        ),
+                    )
+            z = _float32_at_least(z)
+            sigma = given_sigma
+            if sigma is None:
+                target = quantile_epsilon_for(z, ratio)
+                try:
+                    sigma = dp_quantile_sigma(target, bins, m, scale)
+                except ValueError:
+                    at_half = dp_quantile_epsilon(bins, m, MIN_QUANTILE_SIGMA, scale)
+                    raise ValueError(
+                        f"the quantile's budget eps_q={target:.4g} per round needs "
+                        f"sigma < 1/2 at dp_scale={scale} (004 Theorem 6 needs "
+                        f"sigma >= 1/2, where eps_q={at_half:.4g}): raise dp_scale"
+                    ) from None
+            sigma = _float32_at_least(sigma)
+            needed = dp_quantile_modulus(bins, m, sigma, scale, delta)
+            if needed > min(2**bits, MAX_MODULUS):
+                raise ValueError(
+                    f"dp_bits={bits} gives a ring of 2^{bits}, smaller than the "
+                    f"modulus {needed} that 004 Theorem 6 needs for b={bins}, "
+                    f"m={m}, sigma={sigma:.4g}, c={scale} at delta={delta:.3g}: "
+                    f"use dp_bits >= {math.ceil(math.log2(needed))}"
+                )
+            out[NOISE_MULTIPLIER] = z
+            out[QUANTILE_SIGMA] = sigma
+        limit = max_noise_multiplier(sampling.clients_per_round)
+        if out[NOISE_MULTIPLIER] > limit:
+            raise ValueError(
+                f"this privacy budget needs noise multiplier "
+                f"{out[NOISE_MULTIPLIER]:.4g} > {limit:g} (= clients per round / 2): "
+                "the noise on every coordinate would exceed the whole cohort's "
+                "clipped update and training would learn nothing; raise epsilon, "
+                "clients per round or lower rounds"
+            )
+        return out
+
+    def report(
+        self,
+        settings: Any,
+        *,
+        num_clients: int,
+        clients_per_round: int,
+        hparams: Mapping[str, float],
+        rounds_done: int,
+    ) -> dict[str, Any]:
+        """The `privacy` object of summary.json: what the run spent.
+
+        Args:
+          settings: as for `calibrate`.
+          num_clients: n.
+          clients_per_round: m.
+          hparams: the state's hyperparameters (the noise actually used).
+          rounds_done: rounds trained.
+
+        Returns:
+          A JSON-ready dict: 'epsilon' (spent, from the accountant), 'delta',
+          'noise_multiplier', 'sampling_rate', 'rounds', 'accountant', ...
+          and for DP Delta-FL the quantile's settings and share.
+        """
+        sampling = check_sampling(Sampling(num_clients, clients_per_round))
+        delta = self._delta(settings, sampling)
+        z = float(hparams[NOISE_MULTIPLIER])
+        clip_norm = float(hparams["clip_norm"])
+        quantile_epsilon = None
+        report: dict[str, Any] = {}
+        if self.with_quantile:
+            bins, bits, scale = self._quantile_statics(settings)
+            sigma = float(hparams[QUANTILE_SIGMA])
+            m = sampling.clients_per_round
+            quantile_epsilon = dp_quantile_epsilon(bins, m, sigma, scale)
+            rho_q = quantile_epsilon**2 / 2
+            rho_w = gaussian_rho(z)
+            report["quantile"] = {
+                "epsilon_zcdp_per_round": quantile_epsilon,
+                "rho_per_round": rho_q,
+                "ratio_to_update": rho_q / rho_w,
+                "share": rho_q / (rho_q + rho_w),
+                "sigma": sigma,
+                "scale": scale,
+                "bins": bins,
+                "modulus_bits": bits,
+                "min_modulus": dp_quantile_modulus(bins, m, sigma, scale, delta),
+                # Total discrete Gaussian noise per histogram node, in counts.
+                "noise_stddev_per_node": math.sqrt(m) * sigma / scale,
+                "accounting": (
+                    "004 Theorem 6(a) with n = m, entered as a Gaussian of equal "
+                    "zCDP (amplification by sampling assumed as for a Gaussian)"
+                ),
+                "selected_count_public": True,
+            }
+            report["epsilon_without_amplification"] = epsilon_spent(
+                rounds_done,
+                sampling,
+                z,
+                delta,
+                quantile_epsilon=quantile_epsilon,
+                amplified=False,
+            )
+        spent = epsilon_spent(
+            rounds_done, sampling, z, delta, quantile_epsilon=quantile_epsilon
+        )
+        return {
+            "epsilon": spent,
+            "delta": delta,
+            "target_epsilon": _target_epsilon(settings),
+            "noise_multiplier": z,
+            "noise_stddev": z * sum_sensitivity(clip_norm),
+            "clip_norm": clip_norm,
+            "sensitivity": sum_sensitivity(clip_norm),
+            "sampling_rate": sampling.rate,
+            "clients_per_round": sampling.clients_per_round,
+            "num_clients": sampling.num_clients,
+            "rounds": int(rounds_done),
+            "accountant": ACCOUNTANT_NAME,
+            "adjacency": "replace one client's data (client-level DP; n public)",
+            "released_update": (
+                "sum of clipped updates + N(0, noise_stddev^2 I), divided by "
+                + (
+                    "the public count m_t of selected clients"
+                    if self.with_quantile
+                    else "the cohort size m"
+                )
+            ),
+            **report,
+        }
+
+
+def _target_epsilon(settings: Any) -> float | None:
+    """The epsilon the update noise was calibrated to; None if z was given."""
+    if getattr(settings, NOISE_MULTIPLIER, None) is not None:
+        return None
+    return float(settings.epsilon)
+
+
+DP_FEDAVG_BUDGET = DpBudget(with_quantile=False)
+DP_DELTAFL_BUDGET = DpBudget(with_quantile=True)
