@@ -127,7 +127,12 @@ def train_cohort(
         out["mean_batch_loss"] = result.mean_batch_loss
         return out
 
-    out = map_clients(client_fn, (params, population, hparams), per_client, strategy)
+    # Each client's work is about its number of local steps: layouts that
+    # group clients use it to balance them.
+    cost = local.num_steps(population.counts[client_ids], num_epochs)
+    out = map_clients(
+        client_fn, (params, population, hparams), per_client, strategy, cost=cost
+    )
     return CohortResults(
         client_ids=client_ids,
         deltas=out["delta"],

@@ -136,11 +136,31 @@ def _map_on_one_device(
     return jax.lax.map(one, per_client, batch_size=chunk_size)
 
 
+def _layout_order(cost: jax.Array, kind: str, inner: str, num_devices: int) -> jax.Array:
+    """A permutation of the clients that balances the work of the layout.
+
+    `chunked` groups clients of similar cost, so that a vmapped group whose
+    loop runs to its slowest member wastes little. `sharded` deals clients
+    sorted by cost round-robin to the devices (client k to device k mod D),
+    so that every device gets a similar total (and, with an inner chunked
+    layout, similar clients side by side).
+    """
+    order = jnp.argsort(-cost, stable=True)
+    if kind == "sharded":
+        # Positions [d*P, (d+1)*P) belong to device d: fill them with sorted
+        # clients d, d + D, d + 2D, ...
+        per_device = cost.shape[0] // num_devices
+        order = order.reshape(per_device, num_devices).T.reshape(-1)
+    return order
+
+
 def map_clients(
     fn: Callable[[PyTree, PyTree], PyTree],
     shared: PyTree,
     per_client: PyTree,
     strategy: ClientStrategy,
+    *,
+    cost: jax.Array | None = None,
 ) -> PyTree:
     """Applies `fn(shared, client)` to every client, stacking the outputs.
 
@@ -150,42 +170,66 @@ def map_clients(
       per_client: inputs with a leading client axis M; must contain a
         boolean `active` entry ([M]) when passed as a dict.
       strategy: the layout.
+      cost: optional `[M]` estimate of each client's work (e.g. its local
+        steps). Layouts that group clients (chunked, sharded) then reorder
+        them to balance the work; outputs come back in client order either
+        way.
 
     Returns:
       The outputs with a leading axis M, in client order.
     """
-    if strategy.kind != "sharded":
-        return _map_on_one_device(
-            strategy.kind, strategy.chunk_size, fn, shared, per_client
-        )
-    mesh = strategy.mesh
     num_clients = jax.tree.leaves(per_client)[0].shape[0]
-    padding = (-num_clients) % mesh.size
+    mesh = strategy.mesh
+    padding = (-num_clients) % mesh.size if mesh is not None else 0
     if padding:
         per_client = jax.tree.map(
             lambda x: jnp.concatenate([x, jnp.repeat(x[:1], padding, axis=0)]),
             per_client,
         )
         per_client["active"] = per_client["active"].at[num_clients:].set(False)
-
-    def on_device(shared, clients):
-        return _map_on_one_device(
-            strategy.inner, strategy.chunk_size, fn, shared, clients
+        if cost is not None:
+            cost = jnp.concatenate([cost, jnp.zeros(padding, cost.dtype)])
+    reorder = cost is not None and (
+        strategy.kind == "chunked"
+        or (strategy.kind == "sharded" and mesh.size > 1)
+        or (strategy.kind == "sharded" and strategy.inner == "chunked")
+    )
+    if reorder:
+        order = _layout_order(
+            jnp.where(per_client["active"], cost, -1),
+            strategy.kind,
+            strategy.inner,
+            mesh.size if mesh is not None else 1,
         )
+        per_client = jax.tree.map(lambda x: x[order], per_client)
 
-    spec = PartitionSpec(CLIENT_AXIS)
-    outputs = jax.shard_map(
-        on_device,
-        mesh=mesh,
-        in_specs=(PartitionSpec(), spec),
-        out_specs=spec,
-        # With the check on, autodiff w.r.t. a replicated input inside
-        # shard_map is implicitly summed over devices (per-client updates
-        # came out num_devices times too large; see
-        # shared/notes/jax-on-this-machine.md). Each device's clients are
-        # independent here, so there is nothing to check.
-        check_vma=False,
-    )(shared, per_client)
+    if mesh is None:
+        outputs = _map_on_one_device(
+            strategy.kind, strategy.chunk_size, fn, shared, per_client
+        )
+    else:
+
+        def on_device(shared, clients):
+            return _map_on_one_device(
+                strategy.inner, strategy.chunk_size, fn, shared, clients
+            )
+
+        spec = PartitionSpec(CLIENT_AXIS)
+        outputs = jax.shard_map(
+            on_device,
+            mesh=mesh,
+            in_specs=(PartitionSpec(), spec),
+            out_specs=spec,
+            # With the check on, autodiff w.r.t. a replicated input inside
+            # shard_map is implicitly summed over devices (per-client updates
+            # came out num_devices times too large; see
+            # shared/notes/jax-on-this-machine.md). Each device's clients are
+            # independent here, so there is nothing to check.
+            check_vma=False,
+        )(shared, per_client)
+    if reorder:
+        inverse = jnp.argsort(order)
+        outputs = jax.tree.map(lambda x: x[inverse], outputs)
     return jax.tree.map(lambda x: x[:num_clients], outputs)
 
 

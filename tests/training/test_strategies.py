@@ -85,3 +85,26 @@ def test_parse_strategy(text, kind):
 def test_parse_strategy_rejects(text):
     with pytest.raises(ValueError):
         parse_strategy(text)
+
+
+def test_layout_order_balances_devices_and_groups_similar_clients():
+    from jaxfl.training.strategies import _layout_order
+
+    cost = jnp.array([5, 1, 9, 3, 7, 2, 8, 4])
+    sharded = np.asarray(_layout_order(cost, "sharded", "sequential", 2))
+    assert sorted(sharded.tolist()) == list(range(8))
+    first, second = np.asarray(cost)[sharded[:4]], np.asarray(cost)[sharded[4:]]
+    assert abs(first.sum() - second.sum()) <= 4  # 9+7+4+2 vs 8+5+3+1
+    chunked = np.asarray(_layout_order(cost, "chunked", "sequential", 1))
+    np.testing.assert_array_equal(np.asarray(cost)[chunked], [9, 8, 7, 5, 4, 3, 2, 1])
+
+
+def test_reordered_layouts_return_outputs_in_client_order():
+    def fn(shared, client):
+        return client["id"] * 10
+
+    per_client = {"id": jnp.arange(7), "active": jnp.ones(7, bool)}
+    cost = jnp.array([3, 9, 1, 4, 4, 8, 2])
+    for strategy in [ClientStrategy("chunked", chunk_size=3), ClientStrategy("sharded", inner="vmap", num_devices=4)]:
+        out = jax.jit(lambda pc, c, s=strategy: map_clients(fn, (), pc, s, cost=c))(per_client, cost)
+        np.testing.assert_array_equal(out, np.arange(7) * 10)
