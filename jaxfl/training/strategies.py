@@ -141,16 +141,20 @@ def _layout_order(cost: jax.Array, kind: str, inner: str, num_devices: int) -> j
 
     `chunked` groups clients of similar cost, so that a vmapped group whose
     loop runs to its slowest member wastes little. `sharded` deals clients
-    sorted by cost round-robin to the devices (client k to device k mod D),
-    so that every device gets a similar total (and, with an inner chunked
-    layout, similar clients side by side).
+    sorted by cost to the devices in snake order (0, 1, ..., D-1, D-1, ...,
+    0, 0, 1, ...), so that every device gets a similar total (and, with an
+    inner chunked layout, similar clients side by side).
     """
+    del inner  # Unused: the inner layout runs in the order it is given.
     order = jnp.argsort(-cost, stable=True)
     if kind == "sharded":
-        # Positions [d*P, (d+1)*P) belong to device d: fill them with sorted
-        # clients d, d + D, d + 2D, ...
+        # Row r of [P, D] holds sorted clients r*D .. r*D + D - 1; odd rows are
+        # reversed; column d (device d's positions d*P .. d*P + P - 1 after
+        # the transpose) then alternates large and small.
         per_device = cost.shape[0] // num_devices
-        order = order.reshape(per_device, num_devices).T.reshape(-1)
+        rows = order.reshape(per_device, num_devices)
+        rows = jnp.where((jnp.arange(per_device) % 2 == 1)[:, None], rows[:, ::-1], rows)
+        order = rows.T.reshape(-1)
     return order
 
 

@@ -94,7 +94,7 @@ def test_layout_order_balances_devices_and_groups_similar_clients():
     sharded = np.asarray(_layout_order(cost, "sharded", "sequential", 2))
     assert sorted(sharded.tolist()) == list(range(8))
     first, second = np.asarray(cost)[sharded[:4]], np.asarray(cost)[sharded[4:]]
-    assert abs(first.sum() - second.sum()) <= 4  # 9+7+4+2 vs 8+5+3+1
+    assert abs(first.sum() - second.sum()) <= 1  # snake: 9+5+4+1 vs 8+7+3+2
     chunked = np.asarray(_layout_order(cost, "chunked", "sequential", 1))
     np.testing.assert_array_equal(np.asarray(cost)[chunked], [9, 8, 7, 5, 4, 3, 2, 1])
 
