@@ -12,12 +12,19 @@ the same way. Shape-setting values vary in an outer Python loop
 A point gives the same result as the same setting run alone, up to float
 rounding (tested): its state, its key, and therefore its cohorts and example
 orders are exactly those of the single run.
+
+The vmapped round and evaluator are kept between calls (per round function,
+and per dataset, task and client weighting): sweeps of the same algorithm with
+the same number of points, e.g. the fixed-width chunks of
+`jaxfl.experiment.tuning.run_points`, trace and compile once per process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,6 +86,35 @@ def stack(trees: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 
+# Evaluators go away with their dataset: datasets hold arrays and cannot be
+# hashed, so they are keyed by id, and the entry is dropped when the dataset
+# is collected (before the id can be reused).
+_BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+@functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
+def batched_round(round_fn: Callable) -> Callable:
+    """`jit(vmap(round_fn))` over states and keys, the same object per round_fn."""
+    return jax.jit(jax.vmap(round_fn, in_axes=(0, None, 0)), donate_argnums=0)
+
+
+def batched_evaluator(run_setup: Setup) -> Callable:
+    """The batched `make_evaluator` of the setup, the same object per dataset."""
+    engine, dataset = run_setup.engine, run_setup.dataset
+    entry = _BATCHED_EVALUATORS.get(id(dataset))
+    if entry is None or entry[0]() is not dataset:
+        forget = lambda _, key=id(dataset): _BATCHED_EVALUATORS.pop(key, None)  # noqa: E731
+        entry = (weakref.ref(dataset, forget), {})
+        _BATCHED_EVALUATORS[id(dataset)] = entry
+    evaluators = entry[1]
+    key = (engine.task, engine.client_weighting)
+    if key not in evaluators:
+        evaluators[key] = make_evaluator(
+            engine.task, dataset, engine.client_weighting, batched=True
+        )
+    return evaluators[key]
+
+
 def run_sweep(
     run_setup: Setup,
     name: str,
@@ -111,8 +147,8 @@ def run_sweep(
     states = engine.strategy.replicate(stack([state for state, _ in starts]))
     keys = jnp.stack([key for _, key in starts])
     train = engine.strategy.replicate(run_setup.dataset.train)
-    round_fn = jax.jit(jax.vmap(algorithm.round, in_axes=(0, None, 0)), donate_argnums=0)
-    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting, batched=True)
+    round_fn = batched_round(algorithm.round)
+    evaluate = batched_evaluator(run_setup)
 
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
     summaries: list[dict[str, Any]] = [{} for _ in points]
