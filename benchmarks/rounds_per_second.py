@@ -54,6 +54,7 @@ def _parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--theta", type=float, default=0.5, help="Δ-FL tail fraction")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
     parser.add_argument("--loop", default="scan", choices=("scan", "while"), help="local loop")
+    parser.add_argument("--conv", default="lax", choices=("lax", "patches"), help="convnet convolution")
     parser.add_argument(
         "--sweep", type=int, default=0,
         help="G > 0: time G settings (learning rates) as one vmapped round against the "
@@ -122,7 +123,7 @@ def build(args):
     dataset = load_dataset(name, **options)
     population = dataset.train
     clients_per_round = args.clients_per_round or min(100, population.num_clients)
-    model = make_model(spec["model"], dataset.input_shape, dataset.num_classes)
+    model = make_model(spec["model"], dataset.input_shape, dataset.num_classes, conv=args.conv)
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     strategy = choose_strategy(args.strategy, num_parameters)
     engine = Engine(
@@ -181,6 +182,7 @@ def measure(args) -> dict:
         "algorithm": args.algorithm,
         "strategy": strategy.describe(),
         "loop": args.loop,
+        "conv": args.conv,
         "devices": jax.device_count(),
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,

@@ -35,6 +35,17 @@ PRESETS = {
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --algorithm deltafl",
         "--workload emnist-cnn --strategy chunked:20 --rounds 3 --repeats 1",
     ],
+    "gpu-convnet": [
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --conv patches",
+        "--workload emnist-cnn --strategy chunked:25 --loop while --rounds 5 --repeats 2 --conv patches",
+        "--workload emnist-cnn --strategy chunked:50 --loop while --rounds 5 --repeats 2 --conv patches",
+        "--workload emnist-cnn --strategy chunked:25 --loop while --rounds 5 --repeats 2",
+        "--workload emnist-linear --strategy chunked:25 --loop while --rounds 30",
+        "--workload emnist-linear --strategy chunked:50 --loop while --rounds 30",
+        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64 --loop while",
+        "--workload emnist-linear --strategy chunked:50 --rounds 5 --sweep 16 --loop while",
+    ],
 }
 
 

@@ -85,6 +85,12 @@ class ConvNet(nnx.Module):
     followed by ReLU and 2x2 max-pooling, then one dense layer to the classes;
     the channel counts follow `shared/peers/README.md`, so the peers run the
     same network.
+
+    `conv='patches'` computes each convolution as image patches times the
+    reshaped kernel (the same function, same parameters). Under `vmap` over
+    clients, each with its own kernel, that is a batched matrix product,
+    where a vmapped `lax.conv` becomes a grouped convolution; which is faster
+    depends on the backend (benchmarks/RESULTS.md).
     """
 
     def __init__(
@@ -93,8 +99,12 @@ class ConvNet(nnx.Module):
         num_classes: int,
         channels: Sequence[int] = (32, 64),
         *,
+        conv: str = "lax",
         rngs: nnx.Rngs,
     ):
+        if conv not in ("lax", "patches"):
+            raise ValueError(f"conv must be 'lax' or 'patches', got {conv!r}")
+        self.conv_impl = conv
         self.image_shape = tuple(image_shape)
         height, width, in_channels = self.image_shape
         convs = []
@@ -110,9 +120,27 @@ class ConvNet(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.reshape(x.shape[0], *self.image_shape)
         for conv in self.convs:
-            x = jax.nn.relu(conv(x))
+            if self.conv_impl == "patches":
+                x = jax.nn.relu(_conv_as_matmul(x, conv.kernel[...], conv.bias[...]))
+            else:
+                x = jax.nn.relu(conv(x))
             x = nnx.max_pool(x, window_shape=(2, 2), strides=(2, 2), padding="VALID")
         return self.dense(x.reshape(x.shape[0], -1))
+
+
+def _conv_as_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+    """'SAME' stride-1 convolution as patches @ kernel (NHWC, HWIO kernel)."""
+    height, width, in_channels, out_channels = kernel.shape
+    patches = jax.lax.conv_general_dilated_patches(
+        x,
+        filter_shape=(height, width),
+        window_strides=(1, 1),
+        padding="SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+    )
+    # Patch features are ordered (input channel, row, column).
+    matrix = kernel.transpose(2, 0, 1, 3).reshape(in_channels * height * width, out_channels)
+    return patches @ matrix + bias.reshape(1, 1, 1, out_channels)
 
 
 def _as_model(build: Callable[[nnx.Rngs], nnx.Module], name: str, flops: int) -> Model:
@@ -153,6 +181,7 @@ def make_model(
     num_classes: int,
     *,
     hidden_sizes: Sequence[int] = (64,),
+    conv: str = "lax",
 ) -> Model:
     """Builds a registered model.
 
@@ -161,6 +190,7 @@ def make_model(
       input_shape: shape of one example's features.
       num_classes: number of output classes.
       hidden_sizes: hidden layer widths of the MLP.
+      conv: the convnet's convolution, 'lax' or 'patches' (same function).
 
     Returns:
       The `Model`.
@@ -186,7 +216,7 @@ def make_model(
     if name == "convnet":
         image_shape = _image_shape(tuple(input_shape))
         return _as_model(
-            lambda rngs: ConvNet(image_shape, num_classes, rngs=rngs),
+            lambda rngs: ConvNet(image_shape, num_classes, conv=conv, rngs=rngs),
             name,
             _convnet_flops(image_shape, num_classes),
         )

@@ -51,3 +51,19 @@ def test_loss_is_cross_entropy():
 def test_bad_models(name, shape, message):
     with pytest.raises(ValueError, match=message):
         make_model(name, shape, 3)
+
+
+def test_convnet_patches_equals_lax_convolution_under_vmap():
+    lax_model = make_model("convnet", (784,), 62)
+    patch_model = make_model("convnet", (784,), 62, conv="patches")
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = jax.vmap(lax_model.init)(keys)  # Three clients' own models.
+    x = jax.random.uniform(jax.random.key(1), (3, 4, 784))
+
+    def loss(model):
+        return lambda p, xb: jnp.sum(model.apply(p, xb) ** 2)
+
+    for fn in (lambda m: m.apply, lambda m: jax.grad(loss(m))):
+        expected = jax.vmap(fn(lax_model))(params, x)
+        got = jax.vmap(fn(patch_model))(params, x)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4), got, expected)
