@@ -42,7 +42,6 @@ import csv
 import dataclasses
 import itertools
 import json
-import math
 import sys
 import time
 from collections import defaultdict
@@ -100,6 +99,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="only fill the calibration file (host-side accounting), then stop",
     )
     parser.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also train non-private FedAvg and Delta-FL (exact quantile, 004 "
+        "Algorithm 1) on the same setup and seeds, for reference",
+    )
+    parser.add_argument(
         "--from-grid",
         default=None,
         help="skip training: select and plot from an existing grid.csv",
@@ -147,8 +152,16 @@ class Calibrations:
     def get(self, config, algorithm: str, num_clients: int, epsilon: float, ratio):
         """The calibrated {'dp_noise_multiplier', ['dp_quantile_sigma']}."""
         key = json.dumps(
-            [algorithm, epsilon, ratio, config.dp_bins, config.dp_scale,
-             config.rounds, config.clients_per_round, num_clients]
+            [
+                algorithm,
+                epsilon,
+                ratio,
+                config.dp_bins,
+                config.dp_scale,
+                config.rounds,
+                config.clients_per_round,
+                num_clients,
+            ]
         )
         if key not in self.table:
             settings = dataclasses.replace(
@@ -174,12 +187,21 @@ def grid_points(args, algorithm: str, bins: int):
             yield dict(epsilon=epsilon, clip_norm=clip_norm, seed=seed)
         return
     for theta, epsilon, ratio, bound, clip_norm, seed in itertools.product(
-        args.thetas, args.epsilons, args.ratios, args.loss_bounds,
-        args.clip_norms, seeds,
+        args.thetas,
+        args.epsilons,
+        args.ratios,
+        args.loss_bounds,
+        args.clip_norms,
+        seeds,
     ):
         yield dict(
-            theta=theta, epsilon=epsilon, dp_quantile_ratio=ratio,
-            dp_loss_bound=bound, dp_bins=bins, clip_norm=clip_norm, seed=seed,
+            theta=theta,
+            epsilon=epsilon,
+            dp_quantile_ratio=ratio,
+            dp_loss_bound=bound,
+            dp_bins=bins,
+            clip_norm=clip_norm,
+            seed=seed,
         )
 
 
@@ -199,12 +221,11 @@ def run_grid(args, out: Path, calibrations: Calibrations) -> list[dict]:
                     config, algorithm, n, s["epsilon"], s.get("dp_quantile_ratio")
                 )
                 numeric = {
-                    k: v for k, v in s.items()
+                    k: v
+                    for k, v in s.items()
                     if k in run_setup.algorithms[algorithm].hparam_defaults
                 }
-                points.append(
-                    SweepPoint(hparams={**numeric, **noise}, seed=s["seed"])
-                )
+                points.append(SweepPoint(hparams={**numeric, **noise}, seed=s["seed"]))
             for start in range(0, len(points), args.chunk):
                 chunk = points[start : start + args.chunk]
                 began = time.perf_counter()
@@ -213,7 +234,8 @@ def run_grid(args, out: Path, calibrations: Calibrations) -> list[dict]:
                 print(
                     f"{algorithm} b={bins}: points {start}-{start + len(chunk) - 1}"
                     f" of {len(points)} in {seconds:.0f} s",
-                    file=sys.stderr, flush=True,
+                    file=sys.stderr,
+                    flush=True,
                 )
                 for s, point, result in zip(
                     settings[start:], chunk, results, strict=False
@@ -229,18 +251,14 @@ def run_grid(args, out: Path, calibrations: Calibrations) -> list[dict]:
                             "dp_bins": s.get("dp_bins", ""),
                             "clip_norm": s["clip_norm"],
                             "seed": s["seed"],
-                            "dp_noise_multiplier": point.hparams[
-                                "dp_noise_multiplier"
-                            ],
+                            "dp_noise_multiplier": point.hparams["dp_noise_multiplier"],
                             "dp_quantile_sigma": point.hparams.get(
                                 "dp_quantile_sigma", ""
                             ),
                             "validation_error_mean": summary["validation_error"][
                                 "mean"
                             ],
-                            "validation_error_p90": summary["validation_error"][
-                                "p90"
-                            ],
+                            "validation_error_p90": summary["validation_error"]["p90"],
                             "test_error_mean": summary["test_error"]["mean"],
                             "test_error_p90": summary["test_error"]["p90"],
                             "train_loss_mean": summary["train_loss"]["mean"],
@@ -357,7 +375,78 @@ def add_privacy(chosen: list[dict], args, num_clients: int) -> None:
         )
 
 
-def plot(chosen: list[dict], path: Path) -> None:
+def quantile_error(row: dict, *, draws: int = 200, clients: int = 100) -> tuple:
+    """Mean quantile error (004 eq. 19) of Algorithm 2 at a row's noise.
+
+    m = 100 losses drawn uniformly on [0, B] (the clipped range), theta,
+    b, sigma_q and c of the row; the error of an estimate Q is
+    |fraction of losses below Q - (1 - theta)|, averaged over `draws`
+    independent draws. Returns (with the row's noise, without noise).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from jaxfl.primitives import dp_quantile
+
+    bound, theta = float(row["dp_loss_bound"]), float(row["theta"])
+
+    def error(key, sigma):
+        values_key, noise_key = jax.random.split(key)
+        values = jax.random.uniform(values_key, (clients,), maxval=bound)
+        estimate = dp_quantile(
+            noise_key,
+            values,
+            theta,
+            num_bins=int(row["dp_bins"]),
+            upper=bound,
+            sigma=sigma,
+            scale=10,
+            modulus=2**32,
+        )
+        return jnp.abs(jnp.mean(values < estimate) - (1 - theta))
+
+    keys = jax.random.split(jax.random.key(0), draws)
+    batched = jax.jit(jax.vmap(error, in_axes=(0, None)))
+    noisy = float(jnp.mean(batched(keys, float(row["dp_quantile_sigma"]))))
+    exact = float(jnp.mean(batched(keys, 0.0)))
+    return noisy, exact
+
+
+def run_baselines(args) -> list[dict]:
+    """Non-private FedAvg and Delta-FL (exact quantile) on the same setup."""
+    rows = []
+    variants = [("fedavg", {})] + [
+        ("deltafl", {"theta": theta}) for theta in args.thetas
+    ]
+    for algorithm, hparams in variants:
+        config = dataclasses.replace(
+            base_config(args, "fedavg"),
+            algorithm=algorithm,
+            client_weighting="uniform",
+        )
+        if algorithm == "deltafl":
+            config = dataclasses.replace(config, reweighting="threshold")
+        run_setup = setup(config)
+        points = [SweepPoint(hparams, seed) for seed in range(args.seeds)]
+        results = run_sweep(run_setup, algorithm, points)
+        test_mean = np.array([r.summary["test_error"]["mean"] for r in results]) * 100
+        test_p90 = np.array([r.summary["test_error"]["p90"] for r in results]) * 100
+        rows.append(
+            {
+                "algorithm": algorithm,
+                "theta": hparams.get("theta", ""),
+                "seeds": len(points),
+                "test_mean_pct": test_mean.mean(),
+                "test_mean_std": test_mean.std(),
+                "test_p90_pct": test_p90.mean(),
+                "test_p90_std": test_p90.std(),
+            }
+        )
+        print(f"baseline {algorithm} {hparams}: done", file=sys.stderr, flush=True)
+    return rows
+
+
+def plot(chosen: list[dict], path: Path, baselines: list[dict] | None = None) -> None:
     """Mean and p90 test error against epsilon, one line per method."""
     import matplotlib
 
@@ -385,6 +474,14 @@ def plot(chosen: list[dict], path: Path) -> None:
                 capsize=3,
                 label=label,
             )
+    for row in baselines or []:
+        label = (
+            "FedAvg, no DP"
+            if row["algorithm"] == "fedavg"
+            else f"Δ-FL θ = {row['theta']}, no DP"
+        )
+        for ax, stat in zip(axes, ("test_mean", "test_p90"), strict=True):
+            ax.axhline(row[f"{stat}_pct"], linestyle="--", linewidth=1, label=label)
     axes[0].set_title("Mean test misclassification error (%)")
     axes[1].set_title("90th percentile of test error (%)")
     for ax in axes:
@@ -414,8 +511,16 @@ def main(argv=None) -> int:
     num_clients = 2500
     chosen = select(rows)
     add_privacy(chosen, args, num_clients)
+    for row in chosen:
+        row["quantile_error"], row["quantile_error_noiseless"] = (
+            quantile_error(row) if row["algorithm"] == "dp-deltafl" else ("", "")
+        )
     write_csv(out / "figure6.csv", chosen)
-    plot(chosen, out / "figure6.png")
+    baselines = None
+    if args.baselines:
+        baselines = run_baselines(args)
+        write_csv(out / "baselines.csv", baselines)
+    plot(chosen, out / "figure6.png", baselines)
     run_info = {
         **{k: v for k, v in vars(args).items()},
         "grid_points": len(rows),
@@ -432,9 +537,7 @@ def main(argv=None) -> int:
             if row["algorithm"] == "dp-fedavg"
             else f"DP Delta-FL theta={row['theta']}"
         )
-        setting = ", ".join(
-            f"{k}={row[k]}" for k in SETTING_KEYS if row[k] != ""
-        )
+        setting = ", ".join(f"{k}={row[k]}" for k in SETTING_KEYS if row[k] != "")
         print(
             f"{label:<22} {row['epsilon']:>5g} "
             f"{row['test_mean_pct']:>7.2f} ± {row['test_mean_std']:<4.2f} "

@@ -77,7 +77,9 @@ def build_deltafl():
 def test_without_noise_it_is_deltafl_with_the_histogram_quantile(theta):
     state, history = run({**NOISE_OFF, "theta": theta, "clip_norm": np.inf})
     plain = build_deltafl()
-    hparams = dict(lr=LR, theta=theta, dp_loss_bound=BOUND, dp_sigma=0.0, dp_scale=SCALE)
+    hparams = dict(
+        lr=LR, theta=theta, dp_loss_bound=BOUND, dp_sigma=0.0, dp_scale=SCALE
+    )
     reference, plain_history = run_rounds(
         plain, plain.init(initial_params(), hparams), 3, KEY
     )
@@ -102,13 +104,21 @@ def test_clipped_rounds_equal_a_numpy_loop_over_clients():
         del ids, alpha, losses, memory  # Unused.
         norms = np.array([np.sqrt(np.sum(k**2) + np.sum(b**2)) for k, b in deltas])
         passes = decision["active"]
-        scale = np.where(passes, np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30)), 0)
+        scale = np.where(
+            passes, np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30)), 0
+        )
         return scale / max(passes.sum(), 1)
 
     state, history = run({**NOISE_OFF, "theta": theta, "clip_norm": clip_norm})
     kernel, bias, reference = reference_rounds(
-        initial_params(), KEY, 3, clients_per_round=M, lr=LR, weighting="uniform",
-        plan=plan, aggregate=aggregate,
+        initial_params(),
+        KEY,
+        3,
+        clients_per_round=M,
+        lr=LR,
+        weighting="uniform",
+        plan=plan,
+        aggregate=aggregate,
     )
     assert_params_close(state.params, kernel, bias)
     for ours, theirs in zip(history, reference, strict=True):

@@ -68,9 +68,13 @@ def test_clipped_rounds_equal_a_numpy_loop_over_clients():
 
 def test_without_noise_and_clipping_it_is_fedavg_with_uniform_weights():
     state, history = run({"clip_norm": np.inf, "dp_noise_multiplier": 0.0})
-    plain = fedavg(TASK, LOCAL, M, strategy=ClientStrategy("vmap"), client_weighting="uniform")
+    plain = fedavg(
+        TASK, LOCAL, M, strategy=ClientStrategy("vmap"), client_weighting="uniform"
+    )
     reference, _ = run_rounds(plain, plain.init(initial_params(), {"lr": LR}), 3, KEY)
-    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert all(h["clipped_fraction"] == 0 for h in history)
 

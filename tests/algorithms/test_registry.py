@@ -47,6 +47,9 @@ def test_the_issue_s_cli_names_are_registered():
         "term",
         "deltafl",
         "afl-qffl",
+        # Issue 6: end-to-end differential privacy.
+        "dp-fedavg",
+        "dp-deltafl",
     } == set(algorithm_names())
 
 

@@ -64,6 +64,7 @@ GROUPS = [
     ["fedavg", "fedavg-sub", "deltafl"],
     ["fedsgd", "fedprox", "qffl"],
     ["afl", "afl-qffl", "term"],
+    ["dp-fedavg", "dp-deltafl"],
 ]
 
 

@@ -40,7 +40,9 @@ def test_plain_subsampled_gaussian_matches_dp_accounting():
         ),
         DELTA,
     )
-    assert epsilon_spent(rounds, SAMPLING, z, DELTA) == pytest.approx(expected, rel=1e-12)
+    assert epsilon_spent(rounds, SAMPLING, z, DELTA) == pytest.approx(
+        expected, rel=1e-12
+    )
     # More rounds spend more; none spend nothing.
     assert epsilon_spent(rounds + 100, SAMPLING, z, DELTA) > expected
     assert epsilon_spent(0, SAMPLING, z, DELTA) == 0.0

@@ -11,7 +11,6 @@ import pytest
 from jaxfl.privacy import clip_update, clip_updates
 
 
-
 def _update(norm, *, seed=0):
     """A two-leaf pytree of global l2 norm `norm` (a random direction)."""
     rng = np.random.default_rng(seed)
@@ -24,7 +23,11 @@ def _update(norm, *, seed=0):
 
 
 def _norm(tree):
-    return float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(tree))))
+    return float(
+        np.sqrt(
+            sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(tree))
+        )
+    )
 
 
 NORMS = [0.0, 1e-6, 0.3, 1.0, 2.5, 1e3, 1e6]

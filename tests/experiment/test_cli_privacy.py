@@ -1,0 +1,171 @@
+"""DP from the command line: the privacy object of summary.json (epsilon from
+the accountant, delta = 1/n by default), the printed epsilon, a given noise
+multiplier, and every refused privacy setting (exit 2, one line, nothing
+written)."""
+
+import json
+
+import dp_accounting
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from jaxfl.cli import main
+
+# The tiny run of tests/experiment/test_cli.py: 40 training clients, 5 per round.
+TINY = [
+    "--dataset-option", "num_train_clients=40",
+    "--dataset-option", "num_validation_clients=0",
+    "--dataset-option", "num_test_clients=20",
+    "--dataset-option", "pool_size=20000",
+    "--rounds", "4", "--clients-per-round", "5", "--eval-every", "2",
+    "--no-progress", "--strategy", "vmap",
+]  # fmt: skip
+PRIVACY_KEYS = {
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "sampling_rate",
+    "rounds",
+    "accountant",
+    "clip_norm",
+    "sensitivity",
+}
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "dp"
+    status = main(
+        ["run", *TINY, "--algorithm", "dp-fedavg,dp-deltafl", "--epsilon", "8",
+         "--clip-norm", "0.7", "--out", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    return out
+
+
+def _independent_epsilon(noise_multiplier, rounds, delta):
+    accountant = rdp_privacy_accountant.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SampledWithoutReplacementDpEvent(
+            40, 5, dp_accounting.GaussianDpEvent(noise_multiplier)
+        ),
+        rounds,
+    )
+    return accountant.compose(event).get_epsilon(delta)
+
+
+def test_summary_has_the_privacy_object(dp_run):
+    for name in ("dp-fedavg", "dp-deltafl"):
+        privacy = json.loads((dp_run / name / "summary.json").read_text())["privacy"]
+        assert PRIVACY_KEYS <= set(privacy)
+        assert 7.9 <= privacy["epsilon"] <= 8.0  # Calibrated to the target.
+        assert privacy["target_epsilon"] == 8.0
+        assert privacy["delta"] == 1 / 40  # Default: 1/n.
+        assert privacy["sampling_rate"] == 5 / 40 and privacy["rounds"] == 4
+        assert privacy["clip_norm"] == pytest.approx(0.7)
+        assert privacy["sensitivity"] == pytest.approx(1.4)
+        assert privacy["noise_stddev"] == pytest.approx(
+            1.4 * privacy["noise_multiplier"]
+        )
+    fedavg = json.loads((dp_run / "dp-fedavg" / "summary.json").read_text())["privacy"]
+    assert fedavg["epsilon"] == pytest.approx(
+        _independent_epsilon(fedavg["noise_multiplier"], 4, 1 / 40), rel=1e-9
+    )
+    deltafl = json.loads((dp_run / "dp-deltafl" / "summary.json").read_text())[
+        "privacy"
+    ]
+    quantile = deltafl["quantile"]
+    assert quantile["ratio_to_update"] == pytest.approx(0.25, rel=1e-3)
+    assert quantile["share"] == pytest.approx(0.2, rel=1e-3)
+    assert quantile["sigma"] >= 0.5 and quantile["bins"] == 32
+    assert deltafl["epsilon_without_amplification"] > deltafl["epsilon"]
+    config = json.loads((dp_run / "dp-deltafl" / "config.json").read_text())
+    assert config["epsilon"] == 8.0 and config["delta"] is None
+
+
+def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, capsys):
+    out = tmp_path / "given"
+    status = main(
+        ["run", *TINY, "--algorithm", "dp-fedavg", "--dp-noise-multiplier", "1.5",
+         "--delta", "0.001", "--out", str(out)]
+    )  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert status == 0
+    privacy = json.loads((out / "summary.json").read_text())["privacy"]
+    assert privacy["noise_multiplier"] == 1.5 and privacy["target_epsilon"] is None
+    assert privacy["delta"] == 0.001
+    assert privacy["epsilon"] == pytest.approx(
+        _independent_epsilon(1.5, 4, 0.001), rel=1e-9
+    )
+    assert f"dp-fedavg: spent ({privacy['epsilon']:.3f}, 0.001)-DP" in stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--algorithm", "dp-fedavg", "--epsilon", "0"], ["epsilon", "> 0"]),
+        (["--algorithm", "dp-fedavg", "--epsilon", "-1"], ["epsilon", "> 0"]),
+        (["--algorithm", "dp-fedavg", "--delta", "0"], ["delta", "(0.0, 1.0)"]),
+        (["--algorithm", "dp-fedavg", "--delta", "1"], ["delta", "(0.0, 1.0)"]),
+        (["--algorithm", "dp-fedavg", "--clip-norm", "0"], ["clip_norm", "> 0"]),
+        (
+            ["--algorithm", "dp-fedavg", "--dp-noise-multiplier", "0"],
+            ["dp_noise_multiplier", "> 0"],
+        ),
+        (
+            ["--algorithm", "dp-deltafl", "--dp-quantile-ratio", "0"],
+            ["dp_quantile_ratio", "> 0"],
+        ),
+        (
+            ["--algorithm", "dp-deltafl", "--dp-quantile-sigma", "0.3"],
+            ["dp_quantile_sigma", ">= 0.5"],
+        ),
+        (
+            ["--algorithm", "dp-deltafl", "--dp-bins", "2"],
+            ["dp-deltafl", "dp_bins", ">= 4"],
+        ),
+        (
+            [
+                "--algorithm",
+                "dp-deltafl",
+                "--dp-bits",
+                "8",
+                "--dp-noise-multiplier",
+                "1",
+            ],
+            ["dp-deltafl", "dp_bits=8", "Theorem 6", "dp_bits >= 12"],
+        ),  # fmt: skip
+        (
+            [
+                "--algorithm",
+                "dp-deltafl",
+                "--dp-scale",
+                "1",
+                "--dp-noise-multiplier",
+                "0.3",
+                "--dp-quantile-ratio",
+                "100",
+            ],
+            ["dp-deltafl", "sigma >= 1/2", "raise dp_scale"],
+        ),  # fmt: skip
+        (
+            ["--algorithm", "dp-fedavg", "--dp-noise-multiplier", "3"],
+            ["dp-fedavg", "noise multiplier 3 > 2.5", "learn nothing"],
+        ),
+        (  # Calibrated: so small an epsilon needs absurd noise.
+            ["--algorithm", "dp-fedavg", "--epsilon", "0.01"],
+            ["dp-fedavg", "> 2.5", "learn nothing"],
+        ),
+    ],
+)
+def test_refused_privacy_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    status = main(["run", *TINY, *args, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("jaxfl: error: "), err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists()
