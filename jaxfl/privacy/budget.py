@@ -16,9 +16,12 @@ is trained or written) and returns the noise hyperparameters that go into
   update's (`accounting.quantile_epsilon_for`), obtained with the
   primitive's inverse `dp_quantile_sigma(eps_q, b, m, c)` at the scale c.
 
-A setting given explicitly (`dp_noise_multiplier`, `dp_quantile_sigma`) is
-used as is and the other is calibrated around it; the target epsilon is then
-only reported, not enforced (the report shows what was spent).
+A noise setting given explicitly is used as is. With `dp_noise_multiplier`
+given, epsilon is not a target any more (the report shows what that noise
+spent; `target_epsilon` is null) and sigma_q still follows from z and r.
+With only `dp_quantile_sigma` given, the quantile's per-round epsilon is
+fixed by it (r is not used) and z is calibrated so that the whole run meets
+epsilon.
 
 After training the runner calls `DpBudget.report` with the state's
 hyperparameters: the epsilon spent comes from the accountant at the noise
