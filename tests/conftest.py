@@ -14,3 +14,4 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
+jax.config.update("jax_disable_most_optimizations", True)

@@ -217,6 +217,26 @@ def setup(config: RunConfig) -> Setup:
     return Setup(config, dataset, engine, algorithms, hparams, ignored)
 
 
+def _evaluate_populations(task: Task, client_weighting: str, params, populations):
+    """Summaries and per-client metrics of `params` on each population."""
+    summaries, clients = {}, {}
+    for name, population in populations.items():
+        metrics = per_client_metrics(task, params, population)
+        weights = population.client_weights(client_weighting) if name == "train" else None
+        summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
+        summaries[f"{name}_error"] = summarize(metrics.error, weights)
+        clients[name] = {"loss": metrics.loss, "error": metrics.error}
+    return summaries, clients
+
+
+# Module-level jits with the task static: every run of a setup (several
+# algorithms, sweeps, the family) shares one compiled evaluation.
+_evaluate = jax.jit(_evaluate_populations, static_argnums=(0, 1))
+_evaluate_batched = jax.jit(
+    jax.vmap(_evaluate_populations, in_axes=(None, None, 0, None)), static_argnums=(0, 1)
+)
+
+
 def make_evaluator(
     task: Task, dataset: FederatedDataset, client_weighting: str, *, batched: bool = False
 ) -> Callable[[Any], tuple[dict, dict]]:
@@ -229,25 +249,12 @@ def make_evaluator(
     populations = {"train": dataset.train, "test": dataset.test}
     if dataset.validation is not None:
         populations["validation"] = dataset.validation
-
-    def evaluate(params, populations: dict[str, ClientPopulation]):
-        summaries, clients = {}, {}
-        for name, population in populations.items():
-            metrics = per_client_metrics(task, params, population)
-            weights = (
-                population.client_weights(client_weighting) if name == "train" else None
-            )
-            summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
-            summaries[f"{name}_error"] = summarize(metrics.error, weights)
-            clients[name] = {"loss": metrics.loss, "error": metrics.error}
-        return summaries, clients
-
-    if batched:
-        evaluate = jax.vmap(evaluate, in_axes=(0, None))
-    evaluate = jax.jit(evaluate)
+    evaluate = _evaluate_batched if batched else _evaluate
 
     def run(params):
-        summaries, clients = jax.device_get(evaluate(params, populations))
+        summaries, clients = jax.device_get(
+            evaluate(task, client_weighting, params, populations)
+        )
         if not batched:
             summaries = {
                 group: {k: float(v) for k, v in stats.items()}
