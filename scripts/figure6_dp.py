@@ -154,8 +154,8 @@ class Calibrations:
         key = json.dumps(
             [
                 algorithm,
-                epsilon,
-                ratio,
+                float(epsilon),
+                None if ratio is None else float(ratio),
                 config.dp_bins,
                 config.dp_scale,
                 config.rounds,
@@ -446,6 +446,13 @@ def run_baselines(args) -> list[dict]:
     return rows
 
 
+def _method(algorithm: str, theta) -> str:
+    """A curve's name: FedAvg or Delta-FL with its theta."""
+    if algorithm.endswith("fedavg"):
+        return "FedAvg"
+    return f"Δ-FL θ = {float(theta):g}"
+
+
 def plot(chosen: list[dict], path: Path, baselines: list[dict] | None = None) -> None:
     """Mean and p90 test error against epsilon, one line per method."""
     import matplotlib
@@ -456,38 +463,49 @@ def plot(chosen: list[dict], path: Path, baselines: list[dict] | None = None) ->
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     curves = defaultdict(list)
     for row in chosen:
-        label = (
-            "DP-FedAvg"
-            if row["algorithm"] == "dp-fedavg"
-            else f"DP Δ-FL, θ = {row['theta']}"
-        )
-        curves[label].append(row)
-    for label, rows in curves.items():
+        curves[_method(row["algorithm"], row["theta"])].append(row)
+    colors = {}
+    for label, rows in sorted(curves.items()):
         rows = sorted(rows, key=lambda r: r["epsilon"])
         eps = [r["epsilon"] for r in rows]
         for ax, stat in zip(axes, ("test_mean", "test_p90"), strict=True):
-            ax.errorbar(
+            line = ax.errorbar(
                 eps,
                 [r[f"{stat}_pct"] for r in rows],
                 yerr=[r[f"{stat}_std"] for r in rows],
                 marker="o",
                 capsize=3,
-                label=label,
+                label=f"DP {label}",
+                color=colors.get(label),
             )
+            colors[label] = line[0].get_color()
     for row in baselines or []:
-        label = (
-            "FedAvg, no DP"
-            if row["algorithm"] == "fedavg"
-            else f"Δ-FL θ = {row['theta']}, no DP"
-        )
+        label = _method(row["algorithm"].replace("dp-", ""), row["theta"])
         for ax, stat in zip(axes, ("test_mean", "test_p90"), strict=True):
-            ax.axhline(row[f"{stat}_pct"], linestyle="--", linewidth=1, label=label)
+            ax.axhline(
+                float(row[f"{stat}_pct"]),
+                linestyle="--",
+                linewidth=1,
+                color=colors.get(label, "gray"),
+                label=f"{label}, no DP",
+            )
+    for (algorithm, theta), value in PAPER.items():
+        label = _method(algorithm, "" if theta is None else theta)
+        axes[1].plot(
+            [5],
+            [value],
+            marker="x",
+            markersize=9,
+            linestyle="none",
+            color=colors.get(label, "black"),
+            label=f"paper, {label}",
+        )
     axes[0].set_title("Mean test misclassification error (%)")
     axes[1].set_title("90th percentile of test error (%)")
     for ax in axes:
         ax.set_xlabel("ε  (δ = 1/n)")
         ax.grid(alpha=0.3)
-    axes[1].legend()
+    axes[1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -520,6 +538,9 @@ def main(argv=None) -> int:
     if args.baselines:
         baselines = run_baselines(args)
         write_csv(out / "baselines.csv", baselines)
+    elif (out / "baselines.csv").exists():  # From an earlier run.
+        with (out / "baselines.csv").open() as f:
+            baselines = list(csv.DictReader(f))
     plot(chosen, out / "figure6.png", baselines)
     run_info = {
         **{k: v for k, v in vars(args).items()},

@@ -69,10 +69,12 @@ of equal zCDP (004 Appendix D likewise applies generic subsampling bounds).
 `epsilon_spent(..., amplified=False)` gives a bound that needs no such
 assumption: each round as `ZCDpEvent(rho_w + rho_q)` with no amplification
 (valid for any mechanism, since the Renyi divergence is jointly
-quasi-convex, van Erven and Harremoes 2014, Theorem 13), but much larger.
-The two mechanisms share the cohort, so their amplification cannot be split
-(amplifying the update and adding an unamplified quantile is *not* a valid
-bound: the threshold can reveal whether a client was sampled).
+quasi-convex: van Erven and Harremoes, Renyi Divergence and
+Kullback-Leibler Divergence, IEEE Trans. Inf. Theory 2014), but much larger.
+The two mechanisms share the cohort, so their amplification is not split
+(amplifying the update alone and adding an unamplified quantile is not
+justified by composition: the threshold depends on the same cohort and can
+reveal whether a client was sampled).
 
 Everything here is host-side Python (float64), outside the compiled round.
 """

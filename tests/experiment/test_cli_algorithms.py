@@ -55,6 +55,10 @@ FLAGS = [
     "0.05",
     "--qffl-variant",
     "fedsgd",
+    # Given noise: dp-fedavg and dp-deltafl skip the calibration (tested in
+    # test_cli_privacy.py) and report the epsilon it spends.
+    "--dp-noise-multiplier",
+    "1.0",
 ]
 
 
