@@ -102,7 +102,17 @@ class ClientStrategy:
         mesh = self.mesh
         if mesh is None:
             return tree
-        return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+        sharding = NamedSharding(mesh, PartitionSpec())
+        if jax.process_count() == 1:
+            return jax.device_put(tree, sharding)
+        # Several processes (jax.distributed): every process holds the same
+        # host values and contributes its own devices' copies.
+        return jax.tree.map(
+            lambda x: jax.make_array_from_callback(
+                x.shape, sharding, lambda index, x=np.asarray(x): x[index]
+            ),
+            tree,
+        )
 
 
 def parse_strategy(text: str) -> ClientStrategy:
