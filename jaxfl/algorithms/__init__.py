@@ -7,6 +7,8 @@ from jaxfl.algorithms.base import (
     server_optimizer,
 )
 from jaxfl.algorithms.deltafl import deltafl
+from jaxfl.algorithms.dp_deltafl import dp_deltafl
+from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import (
     Aggregation,
     ClientPlan,
@@ -45,6 +47,8 @@ __all__ = [
     "algorithm_spec",
     "build_algorithm",
     "deltafl",
+    "dp_deltafl",
+    "dp_fedavg",
     "fedavg",
     "fedavg_sub",
     "fedprox",
