@@ -6,8 +6,8 @@ Reproduces, on the offline datasets, the comparison of paper 004
 (its mean), the per-method tables of Appendix C (Tables 6-9: mean, std,
 p10, median, p90, plus superquantile 90 and best 10% from C.3), the
 histograms of per-client test error (Figures 3, 7, 8), the scatter of
-per-client error against the client's number of examples (Figures 9-10) and
-the curves over rounds (Figure 4).
+per-client error against the client's number of examples (Figures 4, 9, 10)
+and the curves over rounds (Appendix C.4's convergence study).
 
     python scripts/compare_methods.py --dataset label-shift
     python scripts/compare_methods.py --dataset synthetic --tune-l2 fedavg
@@ -49,10 +49,11 @@ numeric settings and seeds are points of one compiled round, in chunks of a
 fixed width so that each algorithm compiles once (JAX's persistent cache,
 `--jax-cache`, keeps the programs across chunks, stages and invocations).
 Clients are laid out per dataset: equal-sized clients (label-shift) are
-vmapped with a scan of fixed length; spread-out client sizes (Synthetic(1,1):
-50 to 2740 examples) run one client at a time with a while loop of the
-client's own length, and points are ordered by seed so that a chunk shares
-its cohorts (the same clients at the same positions, no padding steps).
+vmapped with a scan of fixed length, all points in chunks of `--width`;
+spread-out client sizes (Synthetic(1,1): 50 to 2740 examples) run one client
+at a time with a while loop of the client's own length, and each seed's
+points form one sweep: they share their cohorts (the same clients at the
+same positions), so no point pays for another's larger clients.
 
 Outputs (in `--out`, default runs/compare/<dataset>): table_main.{csv,md},
 table_all.{csv,md}, runs.csv (every final run), tuning.csv (every tuning
@@ -196,12 +197,17 @@ class Runner:
     A run is identified by (split, algorithm, settings, seed): asking again
     for one returns the stored result (a sweep point equals its single run,
     so the chunk it ran in does not matter).
+
+    Args:
+      setups: split name -> Setup.
+      width: points per compiled sweep (equal-sized clients).
+      by_seed: one sweep per seed instead (spread-out client sizes).
     """
 
-    def __init__(self, setups: Mapping[str, Any], width: int, order_by_seed: bool):
+    def __init__(self, setups: Mapping[str, Any], width: int, by_seed: bool):
         self.setups = setups
         self.width = width
-        self.order_by_seed = order_by_seed
+        self.by_seed = by_seed
         self.done: dict[tuple, Any] = {}
 
     @staticmethod
@@ -218,21 +224,28 @@ class Runner:
             k = self.key(split, algorithm, hparams, seed)
             if k not in self.done and k not in [self.key(split, algorithm, h, s) for h, s in todo]:
                 todo.append((hparams, seed))
-        if self.order_by_seed:
-            # Points of one seed sample the same cohorts: a chunk of them runs
-            # each client position's own number of local steps, no more.
-            todo.sort(key=lambda item: item[1])
-        if todo:
-            start = time.perf_counter()
-            points = [SweepPoint(dict(h), seed=s) for h, s in todo]
+        if self.by_seed:
+            # Points of one seed sample the same cohorts, so a sweep of them
+            # runs each client position's own number of local steps (while
+            # loop), no more: one sweep per seed, as wide as the grid.
+            groups = defaultdict(list)
+            for hparams, seed in todo:
+                groups[seed].append((hparams, seed))
+            batches = [(group, len(group)) for group in groups.values()]
+        else:
+            batches = [(todo, self.width)] if todo else []
+        start = time.perf_counter()
+        for batch, width in batches:
+            points = [SweepPoint(dict(h), seed=s) for h, s in batch]
 
-            def report(done, total):
-                print(f"  [{stage}] {algorithm} on {split}: {done}/{total} points, "
+            def report(done, total, seed=batch[0][1]):
+                which = f" seed {seed}" if self.by_seed else ""
+                print(f"  [{stage}] {algorithm} on {split}{which}: {done}/{total} points, "
                       f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
-            results = run_points(self.setups[split], algorithm, points, width=self.width,
+            results = run_points(self.setups[split], algorithm, points, width=width,
                                  on_chunk=report)
-            for (h, s), result in zip(todo, results, strict=True):
+            for (h, s), result in zip(batch, results, strict=True):
                 self.done[self.key(split, algorithm, h, s)] = result
         return [self.done[self.key(split, algorithm, h, s)] for h, s in settings]
 
@@ -465,7 +478,7 @@ def plot_figures(directory: Path, named_rows, finals, dataset_name: str) -> None
     fig.savefig(directory / "histograms.png", dpi=80)
     plt.close(fig)
 
-    # Per-client error against local data size (004 Figures 9b, 10b).
+    # Per-client error against local data size (004 Figures 4, 9b, 10b).
     fig, axes = plt.subplots(grid_rows, columns, figsize=(3.0 * columns, 2.4 * grid_rows),
                              sharex=True, sharey=True, squeeze=False)
     for ax, (name, row) in zip(axes.flat, named_rows, strict=False):
@@ -483,7 +496,7 @@ def plot_figures(directory: Path, named_rows, finals, dataset_name: str) -> None
     fig.savefig(directory / "scatter.png", dpi=80)
     plt.close(fig)
 
-    # Curves over rounds, mean over seeds (004 Figure 4 and Appendix C.4).
+    # Curves over rounds, mean over seeds (004 Appendix C.4, convergence).
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     panels = (("test_error", "mean", "mean test error"),
               ("test_error", "p90", "p90 of test error"),
@@ -552,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tuning_split = "holdout"
         setups = {"full": full,
                   "holdout": rebuild_setup(full, dataset=hold_out_clients(full.dataset, 0.5))}
-    runner = Runner(setups, args.width, order_by_seed=(layout == "sequential"))
+    runner = Runner(setups, args.width, by_seed=(layout == "sequential"))
     seeds = list(range(args.seeds))
     tune_seeds = seeds[: args.tune_seeds]
     log: list[dict[str, Any]] = []
