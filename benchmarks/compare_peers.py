@@ -50,11 +50,14 @@ def run_peer(peer: str, workload: str, rounds: int) -> float:
     return float(match.group(1))
 
 
-def run_jaxfl(workload: str, strategy: str, algorithm: str, rounds: int, devices: int | None) -> dict:
+def run_jaxfl(workload: str, config: str, algorithm: str, rounds: int, devices: int | None) -> dict:
+    # A config is a strategy followed by optional extra benchmark flags,
+    # e.g. "sharded:sequential --loop while".
+    strategy, *extra = config.split()
     command = [
         sys.executable, str(HERE / "rounds_per_second.py"),
         "--workload", workload, "--strategy", strategy,
-        "--algorithm", algorithm, "--rounds", str(rounds), "--repeats", "2",
+        "--algorithm", algorithm, "--rounds", str(rounds), "--repeats", "2", *extra,
     ]
     if devices:
         command += ["--devices", str(devices)]
@@ -65,7 +68,10 @@ def run_jaxfl(workload: str, strategy: str, algorithm: str, rounds: int, devices
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", default="emnist-linear", choices=sorted(PEER_ENV))
-    parser.add_argument("--strategies", nargs="+", default=["sequential", "vmap", "sharded"])
+    parser.add_argument(
+        "--strategies", nargs="+", default=["sequential", "vmap", "sharded"],
+        help='jaxfl configurations: a strategy and optional benchmark flags, e.g. "sharded --loop while"',
+    )
     parser.add_argument("--algorithm", default="fedavg")
     parser.add_argument("--peers", nargs="+", default=["fedjax"])
     parser.add_argument("--repeats", type=int, default=2)
@@ -95,14 +101,14 @@ def main() -> None:
     peer_median = {peer: statistics.median(v) for peer, v in peer_speeds.items()}
     print(f"\n{args.workload}, {args.algorithm}: {time.strftime('%Y-%m-%d')}, "
           f"{platform.machine()} {os.cpu_count()} cores, {args.repeats} alternating repeats (medians)\n")
-    header = "| jaxfl strategy | rounds/s | compile s | useful GFLOP/s | peak fraction | " + " | ".join(
+    header = "| jaxfl configuration | rounds/s | compile s | useful GFLOP/s | peak fraction | " + " | ".join(
         f"x {peer} ({peer_median[peer]:.2f} r/s)" for peer in args.peers) + " |"
     print(header)
     print("|" + "---|" * (5 + len(args.peers)))
     for strategy, results in ours.items():
         speed = statistics.median(r["rounds_per_s"] for r in results)
         cells = [
-            results[0]["strategy"], f"{speed:.2f}",
+            f"{results[0]['strategy']} {' '.join(strategy.split()[1:])}".strip(), f"{speed:.2f}",
             f"{statistics.median(r['compile_s'] for r in results):.1f}",
             f"{statistics.median(r['useful_gflops_per_s'] for r in results):.1f}",
             f"{statistics.median(r['peak_fraction'] for r in results):.3f}",
