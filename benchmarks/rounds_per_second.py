@@ -78,7 +78,7 @@ from jaxfl.algorithms.base import server_optimizer  # noqa: E402
 from jaxfl.data.registry import load_dataset  # noqa: E402
 from jaxfl.models.networks import count_parameters, make_model  # noqa: E402
 from jaxfl.training.local import LocalTraining, Task  # noqa: E402
-from jaxfl.experiment.runner import choose_strategy  # noqa: E402
+from jaxfl.experiment.runner import choose_strategy, must_sync_each_round  # noqa: E402
 
 WORKLOADS = {
     "emnist-linear": dict(dataset=("peer-benchmark", {}), model="linear", batch=10, lr=0.05),
@@ -144,7 +144,7 @@ def build(args):
     return dataset, population, model, engine, algorithm, hparams
 
 
-def _time_rounds(round_fn, state, population, keys, rounds, repeats):
+def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False):
     start = time.perf_counter()
     state, _ = round_fn(state, population, keys)
     jax.block_until_ready(state)
@@ -154,6 +154,8 @@ def _time_rounds(round_fn, state, population, keys, rounds, repeats):
         start = time.perf_counter()
         for _ in range(rounds):
             state, _ = round_fn(state, population, keys)
+            if sync:  # See jaxfl.experiment.runner.must_sync_each_round.
+                jax.block_until_ready(state)
         jax.block_until_ready(state)
         best = min(best, (time.perf_counter() - start) / rounds)
     return compile_s, best
@@ -167,7 +169,10 @@ def measure(args) -> dict:
     state = strategy.replicate(algorithm.init(model.init(jax.random.key(0)), hparams))
     population = strategy.replicate(population)
     round_fn = jax.jit(algorithm.round, donate_argnums=0)
-    compile_s, best = _time_rounds(round_fn, state, population, jax.random.key(1), args.rounds, args.repeats)
+    compile_s, best = _time_rounds(
+        round_fn, state, population, jax.random.key(1), args.rounds, args.repeats,
+        sync=must_sync_each_round(strategy),
+    )
 
     # All clients train every round in the peers' workload; for sampled
     # cohorts, count the average client.
@@ -216,12 +221,13 @@ def measure_sweep(args) -> dict:
     keys = jnp.stack([jax.random.key(g) for g in range(grid)])
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
     sweep_fn = jax.jit(jax.vmap(algorithm.round, in_axes=(0, None, 0)), donate_argnums=0)
+    sync = must_sync_each_round(engine.strategy)
     compile_sweep, per_sweep_round = _time_rounds(
-        sweep_fn, stacked, population, keys, args.rounds, args.repeats
+        sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync
     )
     single_fn = jax.jit(algorithm.round, donate_argnums=0)
     compile_single, per_round = _time_rounds(
-        single_fn, states[0], population, jax.random.key(0), args.rounds, args.repeats
+        single_fn, states[0], population, jax.random.key(0), args.rounds, args.repeats, sync
     )
     # One after another: G times the single setting's time (same shapes,
     # same compiled function, so every setting costs the same).

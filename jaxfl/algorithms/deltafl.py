@@ -265,6 +265,7 @@ def deltafl(
         client_weighting=client_weighting,
         plan=plan,
         plan_uses_loss=True,
+        plan_selects_only=True,
         extra_hparam_defaults=defaults,
         init_extra=(
             (lambda params: {"threshold": jnp.full((), jnp.nan, jnp.float32)})

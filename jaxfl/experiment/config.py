@@ -203,6 +203,12 @@ class RunConfig:
         "auto",
         "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
     )
+    local_loop: str = _field(
+        "auto",
+        "local steps as a scan of fixed length or a while loop of the client's "
+        "own length (same result; auto: scan on GPU/TPU, while on CPU)",
+        choices=("auto", "scan", "while"),
+    )
     eval_every: int = _field(200, "evaluate every this many rounds", low=1)
     seed: int = _field(0, "random seed", low=0, high=2**31 - 1)
     out: str | None = _field(None, "output directory", optional=True)

@@ -80,6 +80,16 @@ def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
         raise ConfigError(str(error)) from None
 
 
+def choose_local_loop(text: str) -> str:
+    """'auto' resolves from measurements (benchmarks/RESULTS.md): on an H100
+    the fixed-length scan ran emnist-linear at 418 rounds/s against 258 for
+    the while loop; on the 2-core CPU the while loop, which skips padding
+    steps, was faster in every layout (4.58 vs 4.20 rounds/s sequential)."""
+    if text != "auto":
+        return text
+    return "scan" if jax.default_backend() in ("gpu", "tpu") else "while"
+
+
 def local_hparams(config: RunConfig) -> dict[str, float]:
     return {
         "lr": config.lr,
@@ -174,6 +184,7 @@ def setup(config: RunConfig) -> Setup:
             batch_size=config.batch_size,
             num_epochs=config.local_epochs,
             max_steps=config.max_local_steps,
+            loop=choose_local_loop(config.local_loop),
         ),
         clients_per_round=config.clients_per_round,
         strategy=choose_strategy(config.strategy, num_parameters),
@@ -268,6 +279,66 @@ def make_evaluator(
     return run
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopTiming:
+    """Where a training loop's time went (seconds)."""
+
+    compile_s: float  # The first round: compilation plus one round.
+    train_s: float  # Every later round, evaluations excluded.
+    evaluation_s: float
+
+
+def must_sync_each_round(strategy: ClientStrategy) -> bool:
+    """Whether rounds must run one at a time rather than be queued.
+
+    On XLA:CPU, a round sharded over several devices meets its devices at
+    collectives; with several rounds queued, a device's thread can start the
+    next round while another is still waiting in the previous one, and the
+    process hangs (seen at ~400 queued rounds of the label-shift job on 2
+    devices: "collective permute ... only 1 of them arrived"). Waiting for
+    each round avoids it; on one device, or on GPU/TPU, rounds queue freely.
+    """
+    return strategy.mesh is not None and jax.default_backend() == "cpu"
+
+
+def training_loop(
+    round_fn: Callable,
+    state: Any,
+    train: ClientPopulation,
+    keys: Any,
+    config: RunConfig,
+    strategy: ClientStrategy,
+    on_evaluate: Callable[[int, Any, Any], None],
+    progress: Any = None,
+) -> tuple[Any, LoopTiming]:
+    """Runs `config.rounds` rounds, evaluating every `config.eval_every`.
+
+    Rounds are dispatched without waiting for each other (nothing goes back
+    to the host between evaluations) except where `must_sync_each_round`.
+    `on_evaluate(round_index, state, metrics)` runs after the evaluation
+    rounds and the last one; its time is counted apart.
+    """
+    sync = must_sync_each_round(strategy)
+    evaluation_s = compile_s = 0.0
+    loop_start = time.perf_counter()
+    for round_index in range(1, config.rounds + 1):
+        state, metrics = round_fn(state, train, keys)
+        if round_index == 1:
+            jax.block_until_ready(state)
+            compile_s = time.perf_counter() - loop_start
+        elif sync:
+            jax.block_until_ready(state)
+        if progress is not None:
+            progress.update(1)
+        if round_index % config.eval_every == 0 or round_index == config.rounds:
+            jax.block_until_ready(state)
+            evaluation_start = time.perf_counter()
+            on_evaluate(round_index, state, metrics)
+            evaluation_s += time.perf_counter() - evaluation_start
+    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
+    return state, LoopTiming(compile_s, train_s, evaluation_s)
+
+
 def run_algorithm(
     run_setup: Setup,
     name: str,
@@ -300,38 +371,28 @@ def run_algorithm(
     evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
 
     history: list[dict[str, Any]] = []
-    summaries: dict[str, Any] = {}
-    clients: dict[str, Any] = {}
-    compile_s = evaluation_s = 0.0
-    loop_start = time.perf_counter()
-    for round_index in range(1, config.rounds + 1):
-        state, metrics = round_fn(state, train, run_key)
-        if round_index == 1:
-            jax.block_until_ready(state)
-            compile_s = time.perf_counter() - loop_start
+    latest: dict[str, Any] = {"summaries": {}, "clients": {}}
+
+    def on_evaluate(round_index, state, metrics):
+        summaries, clients = evaluate(state.params)
+        latest.update(summaries=summaries, clients=clients)
+        record = {
+            "algorithm": name,
+            "round": round_index,
+            "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
+            **summaries,
+        }
+        history.append(record)
+        if on_evaluation is not None:
+            on_evaluation(record)
         if progress is not None:
-            progress.update(1)
-        if round_index % config.eval_every == 0 or round_index == config.rounds:
-            jax.block_until_ready(state)
-            evaluation_start = time.perf_counter()
-            summaries, clients = evaluate(state.params)
-            record = {
-                "algorithm": name,
-                "round": round_index,
-                "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
-                **summaries,
-            }
-            history.append(record)
-            if on_evaluation is not None:
-                on_evaluation(record)
-            if progress is not None:
-                progress.set_postfix_str(
-                    f"test error {100 * summaries['test_error']['mean']:.1f}%"
-                )
-            evaluation_s += time.perf_counter() - evaluation_start
-    # Steady state: every round after the first (which includes compilation),
-    # evaluations excluded.
-    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
+            progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
+
+    state, timing = training_loop(
+        round_fn, state, train, run_key, config, strategy, on_evaluate, progress
+    )
+    summaries, clients = latest["summaries"], latest["clients"]
+    compile_s, train_s, evaluation_s = timing.compile_s, timing.train_s, timing.evaluation_s
     steady_rounds = config.rounds - 1
     summary = {
         **summaries,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.experiment.runner import RunResult, Setup, make_evaluator
+from jaxfl.experiment.runner import RunResult, Setup, make_evaluator, training_loop
 
 SERVER_LR = "server_lr"
 
@@ -153,43 +152,38 @@ def run_sweep(
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
     summaries: list[dict[str, Any]] = [{} for _ in points]
     clients: list[dict[str, Any]] = [{} for _ in points]
-    compile_s = evaluation_s = 0.0
-    loop_start = time.perf_counter()
-    for round_index in range(1, config.rounds + 1):
-        states, metrics = round_fn(states, train, keys)
-        if round_index == 1:
-            jax.block_until_ready(states)
-            compile_s = time.perf_counter() - loop_start
-        if progress is not None:
-            progress.update(1)
-        if round_index % config.eval_every == 0 or round_index == config.rounds:
-            jax.block_until_ready(states)
-            evaluation_start = time.perf_counter()
-            batch_summaries, batch_clients = evaluate(states.params)
-            round_metrics = jax.device_get(metrics)
-            for g, point in enumerate(points):
-                summaries[g] = {
-                    group: {k: float(v[g]) for k, v in stats.items()}
-                    for group, stats in batch_summaries.items()
+
+    def on_evaluate(round_index, states, metrics):
+        batch_summaries, batch_clients = evaluate(states.params)
+        round_metrics = jax.device_get(metrics)
+        for g, point in enumerate(points):
+            summaries[g] = {
+                group: {k: float(v[g]) for k, v in stats.items()}
+                for group, stats in batch_summaries.items()
+            }
+            clients[g] = {
+                population: {
+                    k: np.asarray(v if k == "num_examples" else v[g]) for k, v in values.items()
                 }
-                clients[g] = {
-                    population: {k: np.asarray(v if k == "num_examples" else v[g]) for k, v in values.items()}
-                    for population, values in batch_clients.items()
-                }
-                record = {
-                    "algorithm": name,
-                    "point": g,
-                    "hparams": dict(point.hparams),
-                    "seed": point.seed,
-                    "round": round_index,
-                    "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
-                    **summaries[g],
-                }
-                histories[g].append(record)
-                if on_evaluation is not None:
-                    on_evaluation(g, record)
-            evaluation_s += time.perf_counter() - evaluation_start
-    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
+                for population, values in batch_clients.items()
+            }
+            record = {
+                "algorithm": name,
+                "point": g,
+                "hparams": dict(point.hparams),
+                "seed": point.seed,
+                "round": round_index,
+                "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
+                **summaries[g],
+            }
+            histories[g].append(record)
+            if on_evaluation is not None:
+                on_evaluation(g, record)
+
+    states, timing = training_loop(
+        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress
+    )
+    compile_s, train_s = timing.compile_s, timing.train_s
     steady = config.rounds - 1
     results = []
     for g, point in enumerate(points):
