@@ -63,6 +63,7 @@ def test_rebuild_setup_on_held_out_clients_with_a_while_loop():
         "algorithm": "fedavg,afl", "dataset": "synthetic",
         "dataset_options": {"num_clients": 12}, "rounds": 2, "clients_per_round": 3,
         "eval_every": 2, "progress": False, "strategy": "sequential",
+        "local_loop": "scan",
     })
     full = setup(config)
     split = hold_out_clients(full.dataset, 0.5, seed=0)
