@@ -43,7 +43,12 @@ def run_peer(peer: str, workload: str, rounds: int) -> float:
         [str(PEERS / "run.sh"), peer, str(rounds)],
         env=env, capture_output=True, text=True, check=True,
     ).stdout
-    # fedjax prints "X rounds/s"; pfl and Flower print "steady X rounds/s".
+    # fedjax prints "X rounds/s (Y ms/round)", X with two decimals only (0.02
+    # for the ConvNet), so read Y when present; pfl and Flower print
+    # "steady X rounds/s".
+    milliseconds = re.search(r"\(([0-9.]+) ms/round\)", out)
+    if milliseconds:
+        return 1000.0 / float(milliseconds.group(1))
     match = re.search(r"([0-9.]+) rounds/s", out)
     if not match:
         raise RuntimeError(f"could not read {peer}'s rounds/s from: {out[-500:]}")

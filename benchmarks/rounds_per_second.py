@@ -4,8 +4,8 @@
         --algorithm fedavg --rounds 20 --strategy sequential
 
 The last line printed is one JSON object with at least: workload, algorithm,
-strategy, devices, backend, rounds_per_s (steady state: after the first call,
-which compiles), compile_s, useful_gflops_per_s (counted FLOPs of the real,
+strategy, devices, backend, rounds_per_s (steady state: after a warm-up
+call), compile_s (tracing, lowering and compiling the round), useful_gflops_per_s (counted FLOPs of the real,
 unpadded local training per second) and peak_fraction (that over the peak
 f32 matmul throughput measured in the same process).
 
@@ -25,8 +25,9 @@ steps and padding examples are not counted. Δ-FL adds one forward pass over
 each sampled client's data.
 
 Set `--devices K` to split the CPU into K XLA devices (needed by the sharded
-strategy on CPU); it must be given before JAX starts, so it is applied here
-at import time.
+strategy on CPU; the CLI uses one per core). It is applied at import time,
+before JAX starts, with the CLI's XLA:CPU settings (`jaxfl.xla_cpu`; set
+JAXFL_XLA_CPU_DEFAULTS=1 to measure XLA's own).
 """
 
 from __future__ import annotations
@@ -53,32 +54,49 @@ def _parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--clients-per-round", type=int, default=None)
     parser.add_argument("--theta", type=float, default=0.5, help="Δ-FL tail fraction")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
-    parser.add_argument("--loop", default="scan", choices=("scan", "while"), help="local loop")
-    parser.add_argument("--conv", default="lax", choices=("lax", "patches"), help="convnet convolution")
+    parser.add_argument(
+        "--loop", default="auto", choices=("auto", "scan", "while"),
+        help="local loop (auto: the CLI's default for the backend)",
+    )
+    parser.add_argument(
+        "--conv", default="auto", choices=("auto", "lax", "canonical", "patches"),
+        help="convnet convolution (jaxfl.models.networks.ConvNet)",
+    )
     parser.add_argument(
         "--sweep", type=int, default=0,
         help="G > 0: time G settings (learning rates) as one vmapped round against the "
         "same G settings run one after another",
     )
+    parser.add_argument(
+        "--sweep-keys", default="shared", choices=("shared", "per-setting"),
+        help="shared: the settings share one seed (a hyperparameter sweep; "
+        "jaxfl.experiment.sweep batches only the states); per-setting: one seed each",
+    )
     return parser.parse_args(argv)
 
 
 ARGS = _parse() if __name__ == "__main__" else None
-if ARGS is not None and ARGS.devices:
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={ARGS.devices}"
-    )
+if ARGS is not None:
+    # As the CLI starts (before JAX does): CPU devices and XLA:CPU settings.
+    from jaxfl.xla_cpu import configure_cpu
+
+    configure_cpu(ARGS.devices or 1)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxfl.algorithms.registry import Engine, build_algorithm  # noqa: E402
 from jaxfl.algorithms.base import server_optimizer  # noqa: E402
+from jaxfl.algorithms.registry import Engine, build_algorithm  # noqa: E402
 from jaxfl.data.registry import load_dataset  # noqa: E402
-from jaxfl.models.networks import count_parameters, make_model  # noqa: E402
+from jaxfl.experiment.runner import (  # noqa: E402
+    choose_local_loop,
+    choose_strategy,
+    must_sync_each_round,
+)
+from jaxfl.experiment.sweep import batched_round  # noqa: E402
+from jaxfl.models.networks import count_parameters, default_conv, make_model  # noqa: E402
 from jaxfl.training.local import LocalTraining, Task  # noqa: E402
-from jaxfl.experiment.runner import choose_strategy, must_sync_each_round  # noqa: E402
 
 WORKLOADS = {
     "emnist-linear": dict(dataset=("peer-benchmark", {}), model="linear", batch=10, lr=0.05),
@@ -128,7 +146,9 @@ def build(args):
     strategy = choose_strategy(args.strategy, num_parameters)
     engine = Engine(
         task=Task(model),
-        local=LocalTraining(batch_size=spec["batch"], num_epochs=1, loop=args.loop),
+        local=LocalTraining(
+            batch_size=spec["batch"], num_epochs=1, loop=choose_local_loop(args.loop)
+        ),
         clients_per_round=clients_per_round,
         strategy=strategy,
         server_tx=server_optimizer("sgd", 1.0),
@@ -145,10 +165,12 @@ def build(args):
 
 
 def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False):
+    """(compile seconds: trace, lower and compile; best seconds per round)."""
     start = time.perf_counter()
-    state, _ = round_fn(state, population, keys)
-    jax.block_until_ready(state)
+    round_fn = round_fn.lower(state, population, keys).compile()
     compile_s = time.perf_counter() - start
+    state, _ = round_fn(state, population, keys)  # Warm-up: first-run allocations.
+    jax.block_until_ready(state)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -186,8 +208,8 @@ def measure(args) -> dict:
         "workload": args.workload,
         "algorithm": args.algorithm,
         "strategy": strategy.describe(),
-        "loop": args.loop,
-        "conv": args.conv,
+        "loop": engine.local.loop,
+        "conv": default_conv(jax.default_backend()) if args.conv == "auto" else args.conv,
         "devices": jax.device_count(),
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
@@ -200,6 +222,7 @@ def measure(args) -> dict:
         "peak_fraction": flops / best / 1e9 / peak,
         "population_bytes": int(population.nbytes),
         "jax": jax.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "date": time.strftime("%Y-%m-%d"),
     }
 
@@ -208,7 +231,8 @@ def measure_sweep(args) -> dict:
     """G settings as one vmapped round against the same G run one by one.
 
     Throughput is settings x rounds per second; the settings are G learning
-    rates spread around the workload's. The sequential baseline reuses one
+    rates spread around the workload's, with one seed (`--sweep-keys shared`,
+    what `jaxfl sweep` runs for a grid without seeds) or one seed each. The sequential baseline reuses one
     compiled single-setting round for all G settings (the fairest baseline:
     no recompilation), running each setting's rounds in turn.
     """
@@ -218,16 +242,22 @@ def measure_sweep(args) -> dict:
     states = [
         algorithm.init(model.init(jax.random.key(0)), {**hparams, "lr": float(lr)}) for lr in lrs
     ]
-    keys = jnp.stack([jax.random.key(g) for g in range(grid)])
-    stacked = jax.tree.map(lambda *x: jnp.stack(x), *states)
-    sweep_fn = jax.jit(jax.vmap(algorithm.round, in_axes=(0, None, 0)), donate_argnums=0)
+    shared_key = args.sweep_keys == "shared"
+    keys = jax.random.key(0) if shared_key else jnp.stack([jax.random.key(g) for g in range(grid)])
+    # Placed as the strategy wants them (replicated over a sharded layout's
+    # mesh), as `jaxfl.experiment.sweep.run_sweep` does.
+    replicate = engine.strategy.replicate
+    stacked = replicate(jax.tree.map(lambda *x: jnp.stack(x), *states))
+    population = replicate(population)
+    sweep_fn = batched_round(algorithm.round, shared_key)
     sync = must_sync_each_round(engine.strategy)
     compile_sweep, per_sweep_round = _time_rounds(
         sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync
     )
     single_fn = jax.jit(algorithm.round, donate_argnums=0)
     compile_single, per_round = _time_rounds(
-        single_fn, states[0], population, jax.random.key(0), args.rounds, args.repeats, sync
+        single_fn, replicate(states[0]), population, jax.random.key(0), args.rounds,
+        args.repeats, sync,
     )
     # One after another: G times the single setting's time (same shapes,
     # same compiled function, so every setting costs the same).
@@ -237,10 +267,12 @@ def measure_sweep(args) -> dict:
         "workload": args.workload,
         "algorithm": args.algorithm,
         "strategy": engine.strategy.describe(),
-        "loop": args.loop,
+        "loop": engine.local.loop,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
+        "devices": jax.device_count(),
         "sweep_points": grid,
+        "sweep_keys": args.sweep_keys,
         "vmapped_setting_rounds_per_s": vmapped_settings_rounds_per_s,
         "sequential_setting_rounds_per_s": sequential_settings_rounds_per_s,
         "speedup": vmapped_settings_rounds_per_s / sequential_settings_rounds_per_s,

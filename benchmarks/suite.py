@@ -1,6 +1,7 @@
 """Runs several benchmark configurations in one process (one device start).
 
     python benchmarks/suite.py --preset gpu --out results.jsonl
+    python benchmarks/suite.py --preset cpu --devices 2 --out results.jsonl
 
 Each configuration is a `rounds_per_second.py` command line; results are
 printed and appended to `--out` as JSON lines as soon as each finishes, so a
@@ -20,8 +21,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import rounds_per_second  # noqa: E402
-
 PRESETS = {
     "gpu": [
         "--workload emnist-linear --strategy vmap --rounds 30",
@@ -34,6 +33,21 @@ PRESETS = {
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --algorithm deltafl",
         "--workload emnist-cnn --strategy chunked:20 --rounds 3 --repeats 1",
+    ],
+    # Run with --devices 2 (one XLA device per core, as the CLI does); the
+    # strategy and local loop are the defaults ('auto').
+    "cpu": [
+        "--workload emnist-linear --rounds 10 --repeats 2",
+        "--workload emnist-linear --rounds 10 --repeats 2 --algorithm deltafl",
+        "--workload synthetic-small --rounds 40 --repeats 2",
+        "--workload synthetic-small --rounds 40 --repeats 2 --algorithm deltafl",
+        "--workload population --population 1000 --rounds 40 --repeats 2",
+        "--workload population --population 1000000 --rounds 40 --repeats 2",
+        "--workload population --population 1000 --rounds 40 --repeats 2 --algorithm deltafl",
+        "--workload emnist-linear --rounds 5 --repeats 2 --sweep 8",
+        "--workload synthetic-small --rounds 20 --repeats 2 --sweep 8",
+        "--workload emnist-cnn --rounds 1 --repeats 2",
+        "--workload emnist-cnn --rounds 1 --repeats 2 --algorithm deltafl",
     ],
     "gpu-convnet": [
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
@@ -53,7 +67,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="gpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--devices", type=int, default=None,
+        help="CPU devices to create (one process, so one count for the whole preset)",
+    )
     args = parser.parse_args()
+    from jaxfl.xla_cpu import configure_cpu
+
+    configure_cpu(args.devices or 1)  # Before JAX starts, as the CLI does.
+    import rounds_per_second
+
     for line in PRESETS[args.preset]:
         start = time.perf_counter()
         try:

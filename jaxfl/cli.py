@@ -28,6 +28,7 @@ from jaxfl.experiment.config import (
     make_config,
     read_config_file,
 )
+from jaxfl.xla_cpu import configure_cpu
 
 EXIT_USAGE = 2
 
@@ -168,28 +169,6 @@ def _list() -> None:
     print("models:", ", ".join(model_names()))
 
 
-def use_all_cpu_cores() -> None:
-    """Gives JAX one CPU device per core, so the sharded strategy keeps them busy.
-
-    XLA:CPU runs the small operations of local training on one thread per
-    device; one device per core is what lets a round use both cores of the
-    project's machines (benchmarks/RESULTS.md). `JAXFL_CPU_DEVICES=N` sets
-    another count (1 disables). Has no effect on GPU/TPU backends, nor once
-    JAX has started (then the existing devices are kept).
-    """
-    import os
-
-    import jax
-
-    count = int(os.environ.get("JAXFL_CPU_DEVICES", os.cpu_count() or 1))
-    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-        return
-    try:
-        jax.config.update("jax_num_cpu_devices", max(1, count))
-    except RuntimeError:
-        pass  # JAX already started (e.g. called from Python): keep its devices.
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -197,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "list":
             _list()
             return 0
-        use_all_cpu_cores()
+        configure_cpu()
         if args.command == "family" and args.algorithm is None:
             args.algorithm = "deltafl"
         config = resolve_config(args)

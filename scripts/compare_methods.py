@@ -531,7 +531,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jax_cache:
         jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.jax_cache))
 
-    from jaxfl.data.registry import load_dataset
     from jaxfl.data.splits import hold_out_clients
     from jaxfl.experiment.config import make_config
     from jaxfl.experiment.outputs import OutputDirectory, write_json

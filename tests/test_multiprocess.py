@@ -39,7 +39,7 @@ def test_two_processes_match_one(tmp_path):
         for i in range(2)
     ]
     outputs = [w.communicate(timeout=240)[0] for w in workers]
-    for worker, output in zip(workers, outputs):
+    for worker, output in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, output[-2000:]
     assert all("2 devices" in output for output in outputs)  # One mesh over both processes.
     single = subprocess.run(

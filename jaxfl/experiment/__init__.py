@@ -1,0 +1,1 @@
+"""Runs, sweeps and model families from a configuration, and their outputs."""

@@ -40,7 +40,8 @@ def _field(default, help, *, low=None, high=None, low_open=False, high_open=Fals
 class RunConfig:
     """Everything that defines a run. Field names are the config-file keys;
     flags are the same names with dashes (`clients_per_round` ->
-    `--clients-per-round`)."""
+    `--clients-per-round`).
+    """
 
     algorithm: str = _field(
         "fedavg,deltafl",

@@ -54,7 +54,7 @@ def split_clients(
     offsets = np.asarray(population.offsets)
     features = {k: np.asarray(v) for k, v in population.features.items()}
     select_rows, eval_rows, select_counts, eval_counts = [], [], [], []
-    for offset, count in zip(offsets, counts):
+    for offset, count in zip(offsets, counts, strict=True):
         rows = offset + rng.permutation(count)
         cut = max(1, int(selection_fraction * count))
         chosen, rest = rows[:cut], rows[cut:]

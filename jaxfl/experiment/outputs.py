@@ -107,7 +107,7 @@ def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> 
         writer.writerow(["population", "client", "num_examples", "loss", "error"])
         for population, metrics in clients.items():
             for i, (count, loss, error) in enumerate(
-                zip(metrics["num_examples"], metrics["loss"], metrics["error"])
+                zip(metrics["num_examples"], metrics["loss"], metrics["error"], strict=True)
             ):
                 writer.writerow(
                     [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}"]
@@ -137,7 +137,7 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     fmt = lambda cells: "  ".join(  # noqa: E731
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
     )
     title = "test misclassification error over test clients (%)"
     return "\n".join([title, fmt(header), *(fmt(r) for r in lines)])

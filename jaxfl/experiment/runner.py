@@ -84,7 +84,8 @@ def choose_local_loop(text: str) -> str:
     """'auto' resolves from measurements (benchmarks/RESULTS.md): on an H100
     the fixed-length scan ran emnist-linear at 418 rounds/s against 258 for
     the while loop; on the 2-core CPU the while loop, which skips padding
-    steps, was faster in every layout (4.58 vs 4.20 rounds/s sequential)."""
+    steps, was faster in every layout (4.58 vs 4.20 rounds/s sequential).
+    """
     if text != "auto":
         return text
     return "scan" if jax.default_backend() in ("gpu", "tpu") else "while"

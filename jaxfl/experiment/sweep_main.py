@@ -75,7 +75,7 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
 
 def _points(grid: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     names = list(grid)
-    return [dict(zip(names, values)) for values in itertools.product(*grid.values())]
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
 def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
@@ -102,7 +102,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
     try:
         index = 0
         total = len(outer_points) * len(_points(inner))
-        for static, run_setup in zip(outer_points, setups):
+        for static, run_setup in zip(outer_points, setups, strict=True):
             inner_points = _points(inner)
             points = [
                 SweepPoint(
@@ -135,7 +135,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
                 disable=not config.progress, file=sys.stderr, dynamic_ncols=True,
             ) as bar:
                 results = run_sweep(run_setup, name, points, on_evaluation=on_evaluation, progress=bar)
-            for offset, (p, result) in enumerate(zip(inner_points, results)):
+            for offset, (p, result) in enumerate(zip(inner_points, results, strict=True)):
                 if directories[offset] is not None:
                     write_json(directories[offset] / "summary.json", result.summary)
                     write_clients_csv(directories[offset] / "clients.csv", result.clients)
@@ -181,4 +181,4 @@ def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     print(f"sweep of {total} points")
     for line in lines:
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths)))
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))

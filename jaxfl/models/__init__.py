@@ -2,9 +2,9 @@
 
 from jaxfl.models.losses import misclassification, multinomial_logistic_loss
 from jaxfl.models.networks import (
+    MLP,
     ConvNet,
     LinearClassifier,
-    MLP,
     Model,
     count_parameters,
     make_model,

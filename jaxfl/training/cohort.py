@@ -81,7 +81,9 @@ def train_cohort(
     """Runs local training on every client of the cohort.
 
     Args:
-      task, local, strategy: model/loss, static local-training shape, layout.
+      task: the model and loss.
+      local: the static shape of local training.
+      strategy: how the cohort's clients are laid out on the hardware.
       params: the server model w_t.
       population: the training clients.
       client_ids: `[M]` the cohort.

@@ -89,7 +89,7 @@ class ClientStrategy:
         if self.kind == "chunked":
             return f"chunked({self.chunk_size})"
         if self.kind == "sharded":
-            inner = "chunked(%d)" % self.chunk_size if self.inner == "chunked" else self.inner
+            inner = f"chunked({self.chunk_size})" if self.inner == "chunked" else self.inner
             return f"sharded({self.mesh.size}x{inner})"
         return self.kind
 
@@ -109,7 +109,8 @@ class ClientStrategy:
         # host values and contributes its own devices' copies.
         return jax.tree.map(
             lambda x: jax.make_array_from_callback(
-                x.shape, sharding, lambda index, x=np.asarray(x): x[index]
+                # The default binds this leaf's host copy (not a shared default).
+                x.shape, sharding, lambda index, x=np.asarray(x): x[index]  # noqa: B008
             ),
             tree,
         )

@@ -40,8 +40,8 @@ def _reference_rounds(params, key, num_rounds, *, clients_per_round, lr, weighti
             deltas.append((k - kernel, b - bias))
             weights.append(SIZES[i] if weighting == "num_examples" else 1.0)
         weights = np.asarray(weights) / np.sum(weights)
-        kernel = kernel + sum(w * d[0] for w, d in zip(weights, deltas))
-        bias = bias + sum(w * d[1] for w, d in zip(weights, deltas))
+        kernel = kernel + sum(w * d[0] for w, d in zip(weights, deltas, strict=True))
+        bias = bias + sum(w * d[1] for w, d in zip(weights, deltas, strict=True))
     return kernel, bias
 
 

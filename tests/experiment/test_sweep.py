@@ -51,7 +51,7 @@ def test_sweep_points_equal_single_runs(algorithm):
     results = run_sweep(counted_setup, name, points)
     assert len(traces) == 1  # One trace (and compilation) for the whole sweep.
     # Compiling a single run per point is the slow part: check the last two.
-    for point, result in list(zip(points, results))[-2:]:
+    for point, result in list(zip(points, results, strict=True))[-2:]:
         single_config = make_config(
             {**TINY, "algorithm": algorithm, "seed": point.seed, **point.hparams}
         )

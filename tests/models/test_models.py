@@ -47,15 +47,18 @@ def test_loss_is_cross_entropy():
     np.testing.assert_allclose(multinomial_logistic_loss(logits, jnp.array([0])), [expected], rtol=1e-6)
 
 
-@pytest.mark.parametrize("name, shape, message", [("resnet", (4,), "unknown model"), ("convnet", (60,), "square")])
+@pytest.mark.parametrize(
+    "name, shape, message", [("resnet", (4,), "unknown model"), ("convnet", (60,), "square")]
+)
 def test_bad_models(name, shape, message):
     with pytest.raises(ValueError, match=message):
         make_model(name, shape, 3)
 
 
-def test_convnet_patches_equals_lax_convolution_under_vmap():
-    lax_model = make_model("convnet", (784,), 62)
-    patch_model = make_model("convnet", (784,), 62, conv="patches")
+@pytest.mark.parametrize("conv", ["patches", "canonical"])
+def test_convnet_implementations_equal_lax_convolution_under_vmap(conv):
+    lax_model = make_model("convnet", (784,), 62, conv="lax")
+    patch_model = make_model("convnet", (784,), 62, conv=conv)
     keys = jax.random.split(jax.random.key(0), 3)
     params = jax.vmap(lax_model.init)(keys)  # Three clients' own models.
     x = jax.random.uniform(jax.random.key(1), (3, 4, 784))

@@ -120,7 +120,8 @@ def test_padded_steps_change_nothing():
         LocalHParams(lr=jnp.float32(0.1)), LocalTraining(4, 2),
     )
     data = POPULATION.client(3)
-    kernel, bias = np.array(params["dense"]["kernel"], np.float64), np.array(params["dense"]["bias"], np.float64)
+    kernel = np.array(params["dense"]["kernel"], np.float64)
+    bias = np.array(params["dense"]["bias"], np.float64)
     for _ in range(2):
         g_kernel, g_bias, _ = softmax_regression_grad(kernel, bias, data["x"], data["y"])
         kernel, bias = kernel - 0.1 * g_kernel, bias - 0.1 * g_bias
@@ -158,7 +159,7 @@ def test_vmap_over_clients_matches_loop(loop):
         assert int(batched.num_steps[i]) == int(single.num_steps)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 4, 128])
+@pytest.mark.parametrize("chunk_size", [1, 4, 16, 128])
 def test_client_loss_and_error_matches_reference(chunk_size):
     params = _start_params()
     fn = jax.jit(client_loss_and_error, static_argnums=0, static_argnames="chunk_size")

@@ -75,7 +75,10 @@ def test_sharded_gradients_are_not_summed_over_devices():
 
 @pytest.mark.parametrize(
     "text, kind",
-    [("vmap", "vmap"), ("sequential", "sequential"), ("chunked:4", "chunked"), ("sharded", "sharded"), ("sharded:vmap", "sharded"), ("sharded:chunked:2", "sharded")],
+    [
+        ("vmap", "vmap"), ("sequential", "sequential"), ("chunked:4", "chunked"),
+        ("sharded", "sharded"), ("sharded:vmap", "sharded"), ("sharded:chunked:2", "sharded"),
+    ],
 )
 def test_parse_strategy(text, kind):
     assert parse_strategy(text).kind == kind
@@ -105,6 +108,9 @@ def test_reordered_layouts_return_outputs_in_client_order():
 
     per_client = {"id": jnp.arange(7), "active": jnp.ones(7, bool)}
     cost = jnp.array([3, 9, 1, 4, 4, 8, 2])
-    for strategy in [ClientStrategy("chunked", chunk_size=3), ClientStrategy("sharded", inner="vmap", num_devices=4)]:
+    strategies = [
+        ClientStrategy("chunked", chunk_size=3), ClientStrategy("sharded", inner="vmap", num_devices=4)
+    ]
+    for strategy in strategies:
         out = jax.jit(lambda pc, c, s=strategy: map_clients(fn, (), pc, s, cost=c))(per_client, cost)
         np.testing.assert_array_equal(out, np.arange(7) * 10)
