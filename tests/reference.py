@@ -9,6 +9,11 @@ engine, through its public functions, since those are tested on their own.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from jaxfl.data.population import ClientPopulation, pack_clients
@@ -72,3 +77,17 @@ def client_loss_reference(kernel, bias, x, y):
     loss = -np.mean(log_probs[np.arange(len(y)), y])
     error = np.mean(np.argmax(logits, axis=1) != y)
     return loss, error
+
+
+@contextlib.contextmanager
+def imported_script(path):
+    """A script of scripts/ or benchmarks/ imported as a module (not as __main__)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    # Registered first: dataclasses look their module up in sys.modules.
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)

@@ -4,23 +4,18 @@ Speed itself is measured by the benchmarks, never asserted here; this checks
 that the script runs and reports the fields benchmarks/RESULTS.md relies on.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from reference import imported_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rounds_per_second.py"
 
 
 @pytest.fixture(scope="module")
 def benchmark():
-    spec = importlib.util.spec_from_file_location("rounds_per_second", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with imported_script(SCRIPT) as module:
+        yield module
 
 
 def test_measure_reports_the_documented_fields(benchmark):

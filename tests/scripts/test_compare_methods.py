@@ -5,25 +5,19 @@ fast (compiling each algorithm's round is most of its time).
 """
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from reference import imported_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_methods.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("compare_methods", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    # Registered first: dataclasses look their module up in sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with imported_script(SCRIPT) as module:
+        yield module
 
 
 def _rows(path):
