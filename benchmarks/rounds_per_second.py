@@ -67,11 +67,6 @@ def _parse(argv=None) -> argparse.Namespace:
         help="G > 0: time G settings (learning rates) as one vmapped round against the "
         "same G settings run one after another",
     )
-    parser.add_argument(
-        "--sweep-keys", default="shared", choices=("shared", "per-setting"),
-        help="shared: the settings share one seed (a hyperparameter sweep; "
-        "jaxfl.experiment.sweep batches only the states); per-setting: one seed each",
-    )
     return parser.parse_args(argv)
 
 
@@ -231,8 +226,8 @@ def measure_sweep(args) -> dict:
     """G settings as one vmapped round against the same G run one by one.
 
     Throughput is settings x rounds per second; the settings are G learning
-    rates spread around the workload's, with one seed (`--sweep-keys shared`,
-    what `jaxfl sweep` runs for a grid without seeds) or one seed each. The sequential baseline reuses one
+    rates spread around the workload's, one seed each (as `jaxfl sweep` runs
+    them: `jaxfl.experiment.sweep.batched_round`). The sequential baseline reuses one
     compiled single-setting round for all G settings (the fairest baseline:
     no recompilation), running each setting's rounds in turn.
     """
@@ -242,14 +237,13 @@ def measure_sweep(args) -> dict:
     states = [
         algorithm.init(model.init(jax.random.key(0)), {**hparams, "lr": float(lr)}) for lr in lrs
     ]
-    shared_key = args.sweep_keys == "shared"
-    keys = jax.random.key(0) if shared_key else jnp.stack([jax.random.key(g) for g in range(grid)])
+    keys = jnp.stack([jax.random.key(g) for g in range(grid)])
     # Placed as the strategy wants them (replicated over a sharded layout's
     # mesh), as `jaxfl.experiment.sweep.run_sweep` does.
     replicate = engine.strategy.replicate
     stacked = replicate(jax.tree.map(lambda *x: jnp.stack(x), *states))
     population = replicate(population)
-    sweep_fn = batched_round(algorithm.round, shared_key)
+    sweep_fn = batched_round(algorithm.round)
     sync = must_sync_each_round(engine.strategy)
     compile_sweep, per_sweep_round = _time_rounds(
         sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync
@@ -272,7 +266,6 @@ def measure_sweep(args) -> dict:
         "device_kind": jax.devices()[0].device_kind,
         "devices": jax.device_count(),
         "sweep_points": grid,
-        "sweep_keys": args.sweep_keys,
         "vmapped_setting_rounds_per_s": vmapped_settings_rounds_per_s,
         "sequential_setting_rounds_per_s": sequential_settings_rounds_per_s,
         "speedup": vmapped_settings_rounds_per_s / sequential_settings_rounds_per_s,

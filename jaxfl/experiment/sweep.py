@@ -6,14 +6,7 @@ share every shape-setting value (clients per round, batch size, epochs, ...)
 are run together: their states are stacked along a leading axis G and the
 round is `jax.vmap`ped over it (`in_axes=(0, None, 0)`: states and run keys
 per point, the population shared), then jitted once. Evaluation is vmapped
-the same way.
-
-When all points share one seed (a sweep over hyperparameters only, the usual
-case), the run key is not batched (`in_axes=(0, None, None)`): the points
-then sample the same cohorts and the same minibatches, which the batched
-program computes once, and each local step becomes one wider matrix product
-over the G models instead of G separate ones (emnist-linear on the 2-core
-CPU: benchmarks/RESULTS.md). Shape-setting values vary in an outer Python loop
+the same way. Shape-setting values vary in an outer Python loop
 (`jaxfl.experiment.sweep_cli`).
 
 A point gives the same result as the same setting run alone, up to float
@@ -99,14 +92,16 @@ _BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 @functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
-def batched_round(round_fn: Callable, shared_key: bool = False) -> Callable:
-    """`jit(vmap(round_fn))` over states, and keys unless `shared_key`.
+def batched_round(round_fn: Callable) -> Callable:
+    """`jit(vmap(round_fn))` over states and keys, the same object per round_fn.
 
-    The same object per (round_fn, shared_key), so that repeated sweeps
-    compile once.
+    Every point keeps its own batched key and round counter, even when the
+    points share a seed: unbatching them (so that all points read the same
+    minibatch) was measured slower on CPU, 0.82x against 1.22x for 8
+    emnist-linear settings, as XLA then transposes the 8 stacked models at
+    every local step (benchmarks/RESULTS.md).
     """
-    key_axis = None if shared_key else 0
-    return jax.jit(jax.vmap(round_fn, in_axes=(0, None, key_axis)), donate_argnums=0)
+    return jax.jit(jax.vmap(round_fn, in_axes=(0, None, 0)), donate_argnums=0)
 
 
 def batched_evaluator(run_setup: Setup) -> Callable:
@@ -157,11 +152,9 @@ def run_sweep(
     # sharded strategy), or the second call would see new shardings and
     # compile again.
     states = engine.strategy.replicate(stack([state for state, _ in starts]))
-    # One seed for all points: one unbatched key (see the module docstring).
-    shared_key = len({point.seed for point in points}) == 1
-    keys = starts[0][1] if shared_key else jnp.stack([key for _, key in starts])
+    keys = jnp.stack([key for _, key in starts])
     train = engine.strategy.replicate(run_setup.dataset.train)
-    round_fn = batched_round(algorithm.round, shared_key)
+    round_fn = batched_round(algorithm.round)
     evaluate = batched_evaluator(run_setup)
 
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
