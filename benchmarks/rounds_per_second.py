@@ -67,6 +67,11 @@ def _parse(argv=None) -> argparse.Namespace:
         help="G > 0: time G settings (learning rates) as one vmapped round against the "
         "same G settings run one after another",
     )
+    parser.add_argument(
+        "--rounds-per-call", type=int, default=None,
+        help="rounds fused into one compiled call (default: the training loop's choice, "
+        "jaxfl.experiment.runner.rounds_per_call, with --rounds as the evaluation period)",
+    )
     return parser.parse_args(argv)
 
 
@@ -87,7 +92,9 @@ from jaxfl.data.registry import load_dataset  # noqa: E402
 from jaxfl.experiment.runner import (  # noqa: E402
     choose_local_loop,
     choose_strategy,
+    compile_rounds,
     must_sync_each_round,
+    rounds_per_call,
 )
 from jaxfl.experiment.sweep import batched_round  # noqa: E402
 from jaxfl.models.networks import count_parameters, default_conv, make_model  # noqa: E402
@@ -159,8 +166,11 @@ def build(args):
     return dataset, population, model, engine, algorithm, hparams
 
 
-def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False):
-    """(compile seconds: trace, lower and compile; best seconds per round)."""
+def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False, rounds_per_call=1):
+    """(compile seconds: trace, lower and compile; best seconds per round).
+
+    `round_fn` runs `rounds_per_call` rounds per call.
+    """
     start = time.perf_counter()
     round_fn = round_fn.lower(state, population, keys).compile()
     compile_s = time.perf_counter() - start
@@ -169,7 +179,7 @@ def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(rounds):
+        for _ in range(rounds // rounds_per_call):
             state, _ = round_fn(state, population, keys)
             if sync:  # See jaxfl.experiment.runner.must_sync_each_round.
                 jax.block_until_ready(state)
@@ -185,10 +195,13 @@ def measure(args) -> dict:
     clients_per_round = engine.clients_per_round
     state = strategy.replicate(algorithm.init(model.init(jax.random.key(0)), hparams))
     population = strategy.replicate(population)
-    round_fn = jax.jit(algorithm.round, donate_argnums=0)
+    fused = args.rounds_per_call or rounds_per_call(strategy, args.rounds, args.rounds)
+    if args.rounds % fused:
+        raise SystemExit(f"--rounds-per-call {fused} must divide --rounds {args.rounds}")
+    round_fn = compile_rounds(algorithm.round, fused)
     compile_s, best = _time_rounds(
         round_fn, state, population, jax.random.key(1), args.rounds, args.repeats,
-        sync=must_sync_each_round(strategy),
+        sync=must_sync_each_round(strategy), rounds_per_call=fused,
     )
 
     # All clients train every round in the peers' workload; for sampled
@@ -204,6 +217,7 @@ def measure(args) -> dict:
         "algorithm": args.algorithm,
         "strategy": strategy.describe(),
         "loop": engine.local.loop,
+        "rounds_per_call": fused,
         "conv": default_conv(jax.default_backend()) if args.conv == "auto" else args.conv,
         "devices": jax.device_count(),
         "backend": jax.default_backend(),

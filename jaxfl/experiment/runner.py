@@ -9,6 +9,7 @@ and their summaries) is one more compiled function.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -284,9 +285,21 @@ def make_evaluator(
 class LoopTiming:
     """Where a training loop's time went (seconds)."""
 
-    compile_s: float  # The first round: compilation plus one round.
-    train_s: float  # Every later round, evaluations excluded.
+    compile_s: float  # The first call: compilation plus its rounds.
+    train_s: float  # Every later call, evaluations excluded.
     evaluation_s: float
+    steady_rounds: int  # The rounds train_s covers.
+
+    @property
+    def rounds_per_s(self) -> float | None:
+        return self.steady_rounds / self.train_s if self.steady_rounds and self.train_s > 0 else None
+
+
+# Rounds fused into one compiled call where that was measured faster: on the
+# 2-core CPU with one device per core, emnist-linear ran 9.4-9.8 rounds/s at
+# 10 rounds per call against 6.7-7.1 at one (synthetic-small 76-78 against
+# 65-71); on one CPU device it made no difference (benchmarks/RESULTS.md).
+MAX_ROUNDS_PER_CALL = 10
 
 
 def must_sync_each_round(strategy: ClientStrategy) -> bool:
@@ -302,6 +315,41 @@ def must_sync_each_round(strategy: ClientStrategy) -> bool:
     return strategy.mesh is not None and jax.default_backend() == "cpu"
 
 
+def rounds_per_call(strategy: ClientStrategy, rounds: int, eval_every: int) -> int:
+    """How many rounds one compiled call runs.
+
+    More than one only where measured faster (rounds sharded over several CPU
+    devices, `must_sync_each_round`): the largest divisor of both `rounds` and
+    `eval_every` up to `MAX_ROUNDS_PER_CALL`, so that every evaluation falls
+    between calls and every call has the same length (one compilation).
+    """
+    if not must_sync_each_round(strategy):
+        return 1
+    common = math.gcd(rounds, eval_every)
+    return max(k for k in range(1, MAX_ROUNDS_PER_CALL + 1) if common % k == 0)
+
+
+def compile_rounds(round_fn: Callable, num_rounds: int) -> Callable:
+    """`num_rounds` rounds of `round_fn` as one jitted call, the old state donated.
+
+    The returned function maps (state, population, key) to (state, metrics
+    of the last round). The rounds run in a `lax.scan`, which traces
+    `round_fn` once whatever `num_rounds`; each round derives its keys from
+    the state's round counter, so K rounds per call give the same result as
+    one (tested).
+    """
+    if num_rounds == 1:
+        return jax.jit(round_fn, donate_argnums=0)
+
+    def rounds(state, population, key):
+        state, metrics = jax.lax.scan(
+            lambda state, _: round_fn(state, population, key), state, length=num_rounds
+        )
+        return state, jax.tree.map(lambda m: m[-1], metrics)
+
+    return jax.jit(rounds, donate_argnums=0)
+
+
 def training_loop(
     round_fn: Callable,
     state: Any,
@@ -311,33 +359,38 @@ def training_loop(
     strategy: ClientStrategy,
     on_evaluate: Callable[[int, Any, Any], None],
     progress: Any = None,
+    rounds_per_call: int = 1,
 ) -> tuple[Any, LoopTiming]:
     """Runs `config.rounds` rounds, evaluating every `config.eval_every`.
 
-    Rounds are dispatched without waiting for each other (nothing goes back
-    to the host between evaluations) except where `must_sync_each_round`.
-    `on_evaluate(round_index, state, metrics)` runs after the evaluation
-    rounds and the last one; its time is counted apart.
+    `round_fn` is a compiled call running `rounds_per_call` rounds
+    (`compile_rounds`). Calls are dispatched without waiting for each other
+    (nothing goes back to the host between evaluations) except where
+    `must_sync_each_round`. `on_evaluate(round_index, state, metrics)` runs
+    after the evaluation rounds and the last one; its time is counted apart.
     """
+    if config.rounds % rounds_per_call or config.eval_every % rounds_per_call:
+        raise ValueError(f"rounds_per_call {rounds_per_call} must divide rounds and eval_every")
     sync = must_sync_each_round(strategy)
     evaluation_s = compile_s = 0.0
     loop_start = time.perf_counter()
-    for round_index in range(1, config.rounds + 1):
+    for round_index in range(rounds_per_call, config.rounds + 1, rounds_per_call):
         state, metrics = round_fn(state, train, keys)
-        if round_index == 1:
+        if round_index == rounds_per_call:
             jax.block_until_ready(state)
             compile_s = time.perf_counter() - loop_start
         elif sync:
             jax.block_until_ready(state)
         if progress is not None:
-            progress.update(1)
+            progress.update(rounds_per_call)
         if round_index % config.eval_every == 0 or round_index == config.rounds:
             jax.block_until_ready(state)
             evaluation_start = time.perf_counter()
             on_evaluate(round_index, state, metrics)
             evaluation_s += time.perf_counter() - evaluation_start
     train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
-    return state, LoopTiming(compile_s, train_s, evaluation_s)
+    steady_rounds = config.rounds - rounds_per_call
+    return state, LoopTiming(compile_s, train_s, evaluation_s, steady_rounds)
 
 
 def run_algorithm(
@@ -368,7 +421,8 @@ def run_algorithm(
     params = engine.task.model.init(init_key)
     state = strategy.replicate(algorithm.init(params, run_setup.hparams[name]))
     train = strategy.replicate(run_setup.dataset.train)
-    round_fn = jax.jit(algorithm.round, donate_argnums=0)
+    fused = rounds_per_call(strategy, config.rounds, config.eval_every)
+    round_fn = compile_rounds(algorithm.round, fused)
     evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
 
     history: list[dict[str, Any]] = []
@@ -390,17 +444,17 @@ def run_algorithm(
             progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
 
     state, timing = training_loop(
-        round_fn, state, train, run_key, config, strategy, on_evaluate, progress
+        round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
     )
     summaries, clients = latest["summaries"], latest["clients"]
     compile_s, train_s, evaluation_s = timing.compile_s, timing.train_s, timing.evaluation_s
-    steady_rounds = config.rounds - 1
     summary = {
         **summaries,
         "algorithm": name,
         "rounds": config.rounds,
         "compile_s": compile_s,
-        "rounds_per_s": steady_rounds / train_s if steady_rounds else None,
+        "rounds_per_s": timing.rounds_per_s,
+        "rounds_per_call": fused,
         "train_s": train_s + compile_s,
         "evaluation_s": evaluation_s,
         "strategy": engine.strategy.describe(),

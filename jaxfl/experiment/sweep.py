@@ -32,7 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.experiment.runner import RunResult, Setup, make_evaluator, training_loop
+from jaxfl.experiment.runner import (
+    RunResult,
+    Setup,
+    compile_rounds,
+    make_evaluator,
+    rounds_per_call,
+    training_loop,
+)
 
 SERVER_LR = "server_lr"
 
@@ -92,8 +99,10 @@ _BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 @functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
-def batched_round(round_fn: Callable) -> Callable:
-    """`jit(vmap(round_fn))` over states and keys, the same object per round_fn.
+def batched_round(round_fn: Callable, rounds_per_call: int = 1) -> Callable:
+    """`vmap(round_fn)` over states and keys, compiled as `rounds_per_call`
+    rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
+    object per (round_fn, rounds_per_call).
 
     Every point keeps its own batched key and round counter, even when the
     points share a seed: unbatching them (so that all points read the same
@@ -101,7 +110,7 @@ def batched_round(round_fn: Callable) -> Callable:
     emnist-linear settings, as XLA then transposes the 8 stacked models at
     every local step (benchmarks/RESULTS.md).
     """
-    return jax.jit(jax.vmap(round_fn, in_axes=(0, None, 0)), donate_argnums=0)
+    return compile_rounds(jax.vmap(round_fn, in_axes=(0, None, 0)), rounds_per_call)
 
 
 def batched_evaluator(run_setup: Setup) -> Callable:
@@ -154,7 +163,8 @@ def run_sweep(
     states = engine.strategy.replicate(stack([state for state, _ in starts]))
     keys = jnp.stack([key for _, key in starts])
     train = engine.strategy.replicate(run_setup.dataset.train)
-    round_fn = batched_round(algorithm.round)
+    fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
+    round_fn = batched_round(algorithm.round, fused)
     evaluate = batched_evaluator(run_setup)
 
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
@@ -189,10 +199,9 @@ def run_sweep(
                 on_evaluation(g, record)
 
     states, timing = training_loop(
-        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress
+        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
     )
-    compile_s, train_s = timing.compile_s, timing.train_s
-    steady = config.rounds - 1
+    compile_s = timing.compile_s
     results = []
     for g, point in enumerate(points):
         state = jax.tree.map(lambda x, g=g: x[g], states)
@@ -205,7 +214,7 @@ def run_sweep(
             "sweep_points": len(points),
             "compile_s": compile_s,
             # Throughput of the whole sweep, in rounds of all points per second.
-            "sweep_rounds_per_s": steady / train_s if steady else None,
+            "sweep_rounds_per_s": timing.rounds_per_s,
             "strategy": engine.strategy.describe(),
             "backend": jax.default_backend(),
         }

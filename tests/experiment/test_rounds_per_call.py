@@ -1,0 +1,46 @@
+"""Several rounds per compiled call give the same run as one round per call."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxfl.experiment import runner
+from jaxfl.experiment.config import make_config
+from jaxfl.experiment.runner import rounds_per_call, run_algorithm, setup
+from jaxfl.experiment.sweep import SweepPoint, run_sweep
+from jaxfl.training.strategies import ClientStrategy
+
+CONFIG = dict(
+    algorithm="deltafl", dataset="synthetic", dataset_options={"num_clients": 24},
+    rounds=4, clients_per_round=5, eval_every=2, progress=False, strategy="sharded",
+)
+
+
+@pytest.mark.parametrize(
+    "rounds, eval_every, expected",
+    [(2000, 200, 10), (12, 6, 6), (7, 7, 7), (9, 6, 3), (13, 13, 1), (4, 2, 2)],
+)
+def test_rounds_per_call_divides_rounds_and_evaluations(rounds, eval_every, expected):
+    sharded = ClientStrategy("sharded", num_devices=2)
+    assert rounds_per_call(sharded, rounds, eval_every) == min(expected, runner.MAX_ROUNDS_PER_CALL)
+    assert rounds_per_call(ClientStrategy("sequential"), rounds, eval_every) == 1
+
+
+def _assert_same(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
+
+
+def test_fused_rounds_equal_one_round_per_call(monkeypatch):
+    run_setup = setup(make_config(CONFIG))
+    fused = run_algorithm(run_setup, "deltafl")
+    sweep_fused = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
+    assert fused.summary["rounds_per_call"] == 2  # 8 CPU devices in tests: sharded rounds fuse.
+    monkeypatch.setattr(runner, "MAX_ROUNDS_PER_CALL", 1)
+    single = run_algorithm(run_setup, "deltafl")
+    sweep_single = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
+    assert single.summary["rounds_per_call"] == 1
+    _assert_same(fused.state, single.state)
+    _assert_same(sweep_fused.state, sweep_single.state)
+    assert [r["round"] for r in fused.history] == [2, 4]
+    for a, b in zip(fused.history, single.history, strict=True):
+        assert a["round_metrics"] == pytest.approx(b["round_metrics"], rel=1e-5)
