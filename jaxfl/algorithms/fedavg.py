@@ -266,7 +266,7 @@ def weighted_averaging_algorithm(
         plan_key, aggregate_key = jax.random.split(keys.server)
         client_ids = sample_cohort(keys.sampling, population, clients_per_round)
         cohort = Cohort(
-            client_ids, population.client_weights(client_weighting)[client_ids]
+            client_ids, population.cohort_weights(client_weighting, client_ids)
         )
         single_pass = plan_uses_loss and plan_selects_only and single_pass_preferred(strategy)
         if plan_uses_loss and not single_pass:

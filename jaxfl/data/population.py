@@ -67,6 +67,19 @@ class ClientPopulation:
             f"client weights must be 'num_examples' or 'uniform', got {kind!r}"
         )
 
+    def cohort_weights(self, kind: str, client_ids: jax.Array) -> jax.Array:
+        """`client_weights(kind)[client_ids]`, reading only the cohort's entries.
+
+        Gathering before converting matters on CPU: XLA does not push the
+        gather through the int-to-float conversion, so converting first
+        touches all N counts every round (N = 1e6: +50% on a 1 ms round).
+        """
+        if kind == "num_examples":
+            return self.counts[client_ids].astype(jnp.float32)
+        if kind == "uniform":
+            return jnp.ones(client_ids.shape, jnp.float32)
+        return self.client_weights(kind)  # Raises the unknown-kind error.
+
     def client(self, i: int) -> dict[str, np.ndarray]:
         """Client i's examples as NumPy arrays (host side; for tests and I/O)."""
         start, count = int(self.offsets[i]), int(self.counts[i])

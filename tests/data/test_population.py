@@ -76,6 +76,14 @@ def test_client_weights():
     np.testing.assert_array_equal(population.client_weights("uniform"), [1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="'num_examples' or 'uniform'"):
         population.client_weights("by_size")
+    cohort = jnp.array([2, 0, 2])
+    for kind in ("num_examples", "uniform"):
+        np.testing.assert_array_equal(
+            jax.jit(population.cohort_weights, static_argnums=0)(kind, cohort),
+            np.asarray(population.client_weights(kind))[[2, 0, 2]],
+        )
+    with pytest.raises(ValueError, match="'num_examples' or 'uniform'"):
+        population.cohort_weights("by_size", cohort)
 
 
 def test_memory_is_the_raw_examples_plus_two_index_arrays():
