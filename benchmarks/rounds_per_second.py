@@ -257,15 +257,16 @@ def measure_sweep(args) -> dict:
     replicate = engine.strategy.replicate
     stacked = replicate(jax.tree.map(lambda *x: jnp.stack(x), *states))
     population = replicate(population)
-    sweep_fn = batched_round(algorithm.round)
+    fused = args.rounds_per_call or rounds_per_call(engine.strategy, args.rounds, args.rounds)
+    sweep_fn = batched_round(algorithm.round, fused)
     sync = must_sync_each_round(engine.strategy)
     compile_sweep, per_sweep_round = _time_rounds(
-        sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync
+        sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync, fused
     )
-    single_fn = jax.jit(algorithm.round, donate_argnums=0)
+    single_fn = compile_rounds(algorithm.round, fused)
     compile_single, per_round = _time_rounds(
         single_fn, replicate(states[0]), population, jax.random.key(0), args.rounds,
-        args.repeats, sync,
+        args.repeats, sync, fused,
     )
     # One after another: G times the single setting's time (same shapes,
     # same compiled function, so every setting costs the same).
@@ -280,6 +281,7 @@ def measure_sweep(args) -> dict:
         "device_kind": jax.devices()[0].device_kind,
         "devices": jax.device_count(),
         "sweep_points": grid,
+        "rounds_per_call": fused,
         "vmapped_setting_rounds_per_s": vmapped_settings_rounds_per_s,
         "sequential_setting_rounds_per_s": sequential_settings_rounds_per_s,
         "speedup": vmapped_settings_rounds_per_s / sequential_settings_rounds_per_s,
