@@ -91,3 +91,17 @@ def imported_script(path):
         yield module
     finally:
         sys.modules.pop(spec.name, None)
+
+
+def assert_cli_refuses(argv, words, out, capsys):
+    """`jaxfl argv` exits 2 with one error line naming every word, and writes nothing at `out`."""
+    from jaxfl.cli import main
+
+    status = main(list(argv))
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.count("\n") == 1 and err.startswith("jaxfl: error: "), err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+    assert not out.exists() and not Path(str(out) + ".partial").exists()
