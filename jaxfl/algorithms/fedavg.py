@@ -63,11 +63,11 @@ from jaxfl.algorithms.plans import (
     num_stragglers,
     random_subset_mask,
 )
-from jaxfl.data.population import ClientPopulation
+from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortResults,
     round_keys,
-    sample_cohort,
+    select_cohort,
     train_cohort,
     weighted_mean,
 )
@@ -255,7 +255,7 @@ def weighted_averaging_algorithm(
         )
 
     def round_fn(
-        state: ServerState, population: ClientPopulation, key: Key
+        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
     ) -> tuple[ServerState, Metrics]:
         if clients_per_round > population.num_clients:
             raise ValueError(
@@ -264,15 +264,11 @@ def weighted_averaging_algorithm(
             )
         keys = round_keys(key, state.round)
         plan_key, aggregate_key = jax.random.split(keys.server)
-        client_ids = sample_cohort(keys.sampling, population, clients_per_round)
-        cohort = Cohort(
-            client_ids, population.cohort_weights(client_weighting, client_ids)
-        )
+        client_ids, data, slots = select_cohort(keys.sampling, population, clients_per_round)
+        cohort = Cohort(client_ids, data.cohort_weights(client_weighting, slots))
         single_pass = plan_uses_loss and plan_selects_only and single_pass_preferred(strategy)
         if plan_uses_loss and not single_pass:
-            losses, errors = cohort_losses(
-                task, strategy, state.params, population, client_ids
-            )
+            losses, errors = cohort_losses(task, strategy, state.params, data, slots)
             cohort = cohort._replace(initial_loss=losses, initial_error=errors)
         if plan is None:
             client_plan = ClientPlan()
@@ -287,16 +283,17 @@ def weighted_averaging_algorithm(
         )
         results = train_cohort(
             task,
-            local(population) if callable(local) else local,
+            local(data) if callable(local) else local,
             strategy,
             state.params,
-            population,
+            data,
             client_ids,
             keys.clients,
             hparams,
             with_initial_loss=single_pass or (with_initial_loss and not plan_uses_loss),
             num_epochs=None if single_pass else client_plan.num_epochs,
             active=None if single_pass else client_plan.active,
+            slots=slots,
         )
         if results.initial_loss is not None:
             cohort = cohort._replace(

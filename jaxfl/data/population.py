@@ -180,12 +180,51 @@ def pack_arrays(
     )
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GatheredCohort:
+    """One round's cohort with its examples, gathered from a host population.
+
+    What the compiled round receives instead of the whole population when the
+    population lives in host memory (`jaxfl.data.host`): the M sampled
+    clients' global ids and their examples packed as an M-client population.
+    The round then trains client `client_ids[j]` on slot j of `clients`, with
+    the key and identity of the global client, so that it computes exactly
+    what it computes on the device-resident population (tested).
+
+    Attributes:
+      client_ids: `[M]` int32 global ids of the cohort, in sampling order.
+      clients: the cohort's examples: client j of this M-client population
+        is global client `client_ids[j]`; its feature arrays have a static
+        number of rows (the sum of the M largest client sizes, so every
+        cohort fits) and its `max_count` is the whole population's, which
+        fixes the shapes of local training exactly as on the device.
+      num_clients: N, the size of the population sampled from (static).
+    """
+
+    client_ids: jax.Array
+    clients: ClientPopulation
+    num_clients: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def max_count(self) -> int:
+        return self.clients.max_count
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedDataset:
     """Training clients, test clients and optional validation clients.
 
     The populations are separate: a test client's data is never used for
-    training. `num_classes` and `input_shape` describe the task.
+    training. `num_classes` and `input_shape` describe the task. Populations
+    are device-resident `ClientPopulation`s, or host-resident
+    `jaxfl.data.host.HostPopulation`s for data read from the on-disk cache
+    (`jaxfl.experiment.runner.setup` places them on the device when they fit).
+
+    Attributes:
+      input_vocab_size: None for real-valued inputs; V when each input
+        position holds a token id in [0, V) (characters, words), which models
+        one-hot encode or embed.
     """
 
     name: str
@@ -195,3 +234,4 @@ class FederatedDataset:
     input_shape: tuple[int, ...]
     validation: ClientPopulation | None = None
     description: str = ""
+    input_vocab_size: int | None = None

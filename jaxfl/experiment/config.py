@@ -47,14 +47,33 @@ class RunConfig:
         "fedavg,deltafl",
         "algorithm(s) to run, comma-separated to compare several",
     )
-    dataset: str = _field("label-shift", "dataset name")
+    dataset: str = _field(
+        "label-shift", "dataset name (`jaxfl list` shows them), or tfds:NAME for a prepared TFDS dataset"
+    )
     dataset_options: Mapping[str, Any] = _field(
         {},
-        "dataset generator options (config file: a table; flag: KEY=VALUE, repeatable)",
+        "dataset options (config file: a table; flag: KEY=VALUE, repeatable)",
         flag=False,
     )
-    model: str = _field("linear", "model", choices=("linear", "mlp", "convnet"))
+    data_dir: str | None = _field(
+        None,
+        "directory holding the dataset's files (TFF, FedJAX, LEAF, TFDS, IDX, CIFAR); "
+        "the format is detected from what it holds",
+        optional=True,
+    )
+    residency: str = _field(
+        "auto",
+        "where the training clients' examples live: device, host (memory-mapped; each "
+        "round's cohort gathered and copied one call ahead), auto (device when it fits)",
+        choices=("auto", "device", "host"),
+    )
+    model: str = _field(
+        "linear",
+        "model (unset: the dataset's default, see `jaxfl list`)",
+        choices=("linear", "mlp", "convnet", "embedding-bag"),
+    )
     hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
+    embedding_dim: int = _field(32, "embedding-bag: width of the token embeddings", low=1)
     rounds: int = _field(2000, "communication rounds", low=1)
     clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
     local_epochs: int = _field(1, "local epochs per client (E)", low=1, high=10_000)
@@ -311,7 +330,22 @@ def check_value(name: str, value: Any) -> Any:
 
 
 def make_config(values: Mapping[str, Any]) -> RunConfig:
-    """Builds a validated RunConfig from field values (unset fields default)."""
+    """Builds a validated RunConfig from field values.
+
+    Unset fields take the dataset's run defaults (its default model, rounds,
+    clients per round, ...: `jaxfl.data.registry.dataset_run_defaults`), then
+    RunConfig's own defaults.
+    """
+    values = dict(values)
+    dataset = values.get("dataset", RunConfig.dataset)
+    if isinstance(dataset, str):
+        from jaxfl.data.registry import dataset_run_defaults
+
+        try:
+            defaults = dataset_run_defaults(dataset)
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()[0]) from None
+        values = {**defaults, **values}
     checked = {name: check_value(name, value) for name, value in values.items()}
     config = RunConfig(**checked)
     if not config.algorithms:

@@ -27,12 +27,14 @@ from jaxfl.algorithms.registry import (
     build_algorithm,
     hparam_fields,
 )
+from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import ClientPopulation, FederatedDataset
 from jaxfl.data.registry import load_dataset
-from jaxfl.evaluation.per_client import per_client_metrics
+from jaxfl.evaluation.per_client import host_population_metrics, per_client_metrics
 from jaxfl.evaluation.summaries import summarize
 from jaxfl.experiment.config import ConfigError, RunConfig
 from jaxfl.models.networks import count_parameters, make_model
+from jaxfl.training.host_cohorts import CohortStream
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy, default_strategy, parse_strategy
 
@@ -47,6 +49,7 @@ class Setup:
     algorithms: dict[str, FederatedAlgorithm]
     hparams: dict[str, dict[str, float]]  # algorithm name -> its init hparams
     ignored_settings: tuple[str, ...] = ()  # set, but no chosen algorithm uses them
+    placement: Placement | None = None  # where the training clients' examples live
 
 
 @dataclasses.dataclass
@@ -161,9 +164,10 @@ def setup(config: RunConfig) -> Setup:
                 f"algorithm must be one of {', '.join(algorithm_names())}, got {name!r}"
             )
     try:
-        dataset = load_dataset(config.dataset, **config.dataset_options)
+        dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
+    dataset, placement = place_dataset(dataset, config.residency)
     num_train = dataset.train.num_clients
     if config.clients_per_round > num_train:
         raise ConfigError(
@@ -176,6 +180,8 @@ def setup(config: RunConfig) -> Setup:
             dataset.input_shape,
             dataset.num_classes,
             hidden_sizes=config.hidden_sizes,
+            input_vocab_size=dataset.input_vocab_size,
+            embedding_dim=config.embedding_dim,
         )
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None
@@ -227,7 +233,25 @@ def setup(config: RunConfig) -> Setup:
             "ignored",
             file=sys.stderr,
         )
-    return Setup(config, dataset, engine, algorithms, hparams, ignored)
+    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement)
+
+
+def place_dataset(dataset: FederatedDataset, residency: str) -> tuple[FederatedDataset, Placement]:
+    """Puts the training clients on the device or keeps them in host memory.
+
+    `residency` 'auto' chooses the device when the training population fits
+    (`jaxfl.data.host.choose_residency`). Test and validation clients go to
+    the device when they fit, whatever the training clients do: evaluation
+    streams host-resident ones in blocks.
+    """
+    placement = choose_residency(dataset.train.nbytes, residency)
+    placed = {"train": place_population(dataset.train, placement.residency)}
+    for name in ("test", "validation"):
+        population = getattr(dataset, name)
+        if population is not None:
+            where = choose_residency(population.nbytes, "device" if placement.residency == "device" else "auto")
+            placed[name] = place_population(population, where.residency)
+    return dataclasses.replace(dataset, **placed), placement
 
 
 def _evaluate_populations(task: Task, client_weighting: str, params, populations):
@@ -235,11 +259,20 @@ def _evaluate_populations(task: Task, client_weighting: str, params, populations
     summaries, clients = {}, {}
     for name, population in populations.items():
         metrics = per_client_metrics(task, params, population)
-        weights = population.client_weights(client_weighting) if name == "train" else None
-        summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
-        summaries[f"{name}_error"] = summarize(metrics.error, weights)
-        clients[name] = {"loss": metrics.loss, "error": metrics.error}
+        _summarize_into(summaries, clients, name, metrics, population, client_weighting)
     return summaries, clients
+
+
+def _summarize_into(summaries, clients, name, metrics, population, client_weighting):
+    weights = population.client_weights(client_weighting) if name == "train" else None
+    summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
+    summaries[f"{name}_error"] = summarize(metrics.error, weights)
+    clients[name] = {"loss": metrics.loss, "error": metrics.error}
+
+
+_summarize_host = jax.jit(
+    lambda loss, error, weights: (summarize(loss, weights), summarize(error, weights))
+)
 
 
 # Module-level jits with the task static: every run of a setup (several
@@ -262,12 +295,28 @@ def make_evaluator(
     populations = {"train": dataset.train, "test": dataset.test}
     if dataset.validation is not None:
         populations["validation"] = dataset.validation
+    on_host = {k: v for k, v in populations.items() if isinstance(v, HostPopulation)}
+    on_device = {k: v for k, v in populations.items() if k not in on_host}
+    if on_host and batched:
+        raise ValueError("batched evaluation needs device-resident populations")
     evaluate = _evaluate_batched if batched else _evaluate
 
     def run(params):
         summaries, clients = jax.device_get(
-            evaluate(task, client_weighting, params, populations)
+            evaluate(task, client_weighting, params, on_device)
         )
+        for name, population in on_host.items():
+            # Streamed in blocks of clients: device memory stays one block.
+            metrics = host_population_metrics(task, params, population)
+            weights = population.client_weights(client_weighting) if name == "train" else None
+            loss_stats, error_stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
+            summaries[f"{name}_loss"], summaries[f"{name}_error"] = loss_stats, error_stats
+            clients[name] = {"loss": metrics.loss, "error": metrics.error}
+        summaries = {
+            f"{name}_{kind}": summaries[f"{name}_{kind}"]
+            for name in populations
+            for kind in ("loss", "error")
+        }
         if not batched:
             summaries = {
                 group: {k: float(v) for k, v in stats.items()}
@@ -329,22 +378,29 @@ def rounds_per_call(strategy: ClientStrategy, rounds: int, eval_every: int) -> i
     return max(k for k in range(1, MAX_ROUNDS_PER_CALL + 1) if common % k == 0)
 
 
-def compile_rounds(round_fn: Callable, num_rounds: int) -> Callable:
+def compile_rounds(round_fn: Callable, num_rounds: int, *, cohort_per_round: bool = False) -> Callable:
     """`num_rounds` rounds of `round_fn` as one jitted call, the old state donated.
 
     The returned function maps (state, population, key) to (state, metrics
     of the last round). The rounds run in a `lax.scan`, which traces
     `round_fn` once whatever `num_rounds`; each round derives its keys from
     the state's round counter, so K rounds per call give the same result as
-    one (tested).
+    one (tested). With `cohort_per_round`, `population` holds the K rounds'
+    gathered cohorts stacked on a leading axis (`CohortStream`), scanned
+    along with the rounds.
     """
     if num_rounds == 1:
         return jax.jit(round_fn, donate_argnums=0)
 
     def rounds(state, population, key):
-        state, metrics = jax.lax.scan(
-            lambda state, _: round_fn(state, population, key), state, length=num_rounds
-        )
+        if cohort_per_round:
+            state, metrics = jax.lax.scan(
+                lambda state, cohort: round_fn(state, cohort, key), state, population
+            )
+        else:
+            state, metrics = jax.lax.scan(
+                lambda state, _: round_fn(state, population, key), state, length=num_rounds
+            )
         return state, jax.tree.map(lambda m: m[-1], metrics)
 
     return jax.jit(rounds, donate_argnums=0)
@@ -364,7 +420,9 @@ def training_loop(
     """Runs `config.rounds` rounds, evaluating every `config.eval_every`.
 
     `round_fn` is a compiled call running `rounds_per_call` rounds
-    (`compile_rounds`). Calls are dispatched without waiting for each other
+    (`compile_rounds`); `train` is the training population, or the
+    `CohortStream` of a host-resident one (each call then gets its rounds'
+    gathered cohorts). Calls are dispatched without waiting for each other
     (nothing goes back to the host between evaluations) except where
     `must_sync_each_round`. `on_evaluate(round_index, state, metrics)` runs
     after the evaluation rounds and the last one; its time is counted apart.
@@ -375,7 +433,8 @@ def training_loop(
     evaluation_s = compile_s = 0.0
     loop_start = time.perf_counter()
     for round_index in range(rounds_per_call, config.rounds + 1, rounds_per_call):
-        state, metrics = round_fn(state, train, keys)
+        population = train.next_call() if isinstance(train, CohortStream) else train
+        state, metrics = round_fn(state, population, keys)
         if round_index == rounds_per_call:
             jax.block_until_ready(state)
             compile_s = time.perf_counter() - loop_start
@@ -420,9 +479,19 @@ def run_algorithm(
     init_key, run_key = jax.random.split(jax.random.key(config.seed))
     params = engine.task.model.init(init_key)
     state = strategy.replicate(algorithm.init(params, run_setup.hparams[name]))
-    train = strategy.replicate(run_setup.dataset.train)
     fused = rounds_per_call(strategy, config.rounds, config.eval_every)
-    round_fn = compile_rounds(algorithm.round, fused)
+    on_host = isinstance(run_setup.dataset.train, HostPopulation)
+    if on_host:
+        train = CohortStream(
+            run_setup.dataset.train,
+            run_key,
+            engine.clients_per_round,
+            rounds_per_call=fused,
+            place=strategy.replicate,
+        )
+    else:
+        train = strategy.replicate(run_setup.dataset.train)
+    round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=on_host)
     evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
 
     history: list[dict[str, Any]] = []
@@ -443,9 +512,13 @@ def run_algorithm(
         if progress is not None:
             progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
 
-    state, timing = training_loop(
-        round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
-    )
+    try:
+        state, timing = training_loop(
+            round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
+        )
+    finally:
+        if on_host:
+            train.close()
     summaries, clients = latest["summaries"], latest["clients"]
     compile_s, train_s, evaluation_s = timing.compile_s, timing.train_s, timing.evaluation_s
     summary = {
@@ -459,6 +532,7 @@ def run_algorithm(
         "evaluation_s": evaluation_s,
         "strategy": engine.strategy.describe(),
         "backend": jax.default_backend(),
+        "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
     privacy = algorithm_spec(name).privacy
     if privacy is not None:

@@ -4,6 +4,7 @@ from jaxfl.models.losses import misclassification, multinomial_logistic_loss
 from jaxfl.models.networks import (
     MLP,
     ConvNet,
+    EmbeddingBag,
     LinearClassifier,
     Model,
     count_parameters,
@@ -13,6 +14,7 @@ from jaxfl.models.networks import (
 
 __all__ = [
     "ConvNet",
+    "EmbeddingBag",
     "LinearClassifier",
     "MLP",
     "Model",

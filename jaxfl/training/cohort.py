@@ -11,7 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxfl.data.population import ClientPopulation
+from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.local import (
     LocalHParams,
     LocalTraining,
@@ -77,6 +77,7 @@ def train_cohort(
     with_initial_loss: bool = False,
     num_epochs: jax.Array | None = None,
     active: jax.Array | None = None,
+    slots: jax.Array | None = None,
 ) -> CohortResults:
     """Runs local training on every client of the cohort.
 
@@ -85,21 +86,25 @@ def train_cohort(
       local: the static shape of local training.
       strategy: how the cohort's clients are laid out on the hardware.
       params: the server model w_t.
-      population: the training clients.
-      client_ids: `[M]` the cohort.
+      population: the training clients' examples.
+      client_ids: `[M]` the cohort's global ids (they key each client's
+        randomness).
       clients_key: base of the per-client keys.
       hparams: local step hyperparameters.
       with_initial_loss: also compute F_i(w_t) on each client's full data
         before training (Delta-FL, q-FFL, tilted ERM, AFL need it).
       num_epochs: optional `[M]` per-client epochs (stragglers).
       active: optional `[M]` bool; inactive clients run no steps.
+      slots: `[M]` where each client's examples are in `population`
+        (default: `client_ids`; a `GatheredCohort`'s clients sit at 0..M-1).
 
     Returns:
       The per-client results.
     """
     num_clients = client_ids.shape[0]
+    slots = client_ids if slots is None else slots
     per_client = {
-        "id": client_ids,
+        "id": slots,
         "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
         "active": jnp.ones(num_clients, bool) if active is None else active,
     }
@@ -131,7 +136,7 @@ def train_cohort(
 
     # Each client's work is about its number of local steps: layouts that
     # group clients use it to balance them.
-    cost = local.num_steps(population.counts[client_ids], num_epochs)
+    cost = local.num_steps(population.counts[slots], num_epochs)
     out = map_clients(
         client_fn, (params, population, hparams), per_client, strategy, cost=cost
     )
@@ -148,6 +153,41 @@ def train_cohort(
 def sample_cohort(key: Key, population: ClientPopulation, clients_per_round: int):
     """`[M]` ids of the round's clients, uniformly without replacement."""
     return sample_without_replacement(key, population.num_clients, clients_per_round)
+
+
+class CohortData(NamedTuple):
+    """The round's clients and where their examples are.
+
+    Attributes:
+      client_ids: `[M]` int32 global ids (for keys, weights and state).
+      population: the population holding their examples.
+      slots: `[M]` int32 position of each client in `population`.
+    """
+
+    client_ids: jax.Array
+    population: ClientPopulation
+    slots: jax.Array
+
+
+def select_cohort(
+    key: Key, population: ClientPopulation | GatheredCohort, clients_per_round: int
+) -> CohortData:
+    """Samples the cohort, or takes the one gathered on the host for this round.
+
+    A device-resident population is sampled with `sample_cohort(key, ...)`;
+    a `GatheredCohort` already holds the clients the host drew with the same
+    key (`jaxfl.training.host_cohorts.sampled_cohorts`) and their examples.
+    """
+    if isinstance(population, GatheredCohort):
+        if population.client_ids.shape != (clients_per_round,):
+            raise ValueError(
+                f"the gathered cohort has {population.client_ids.shape[0]} clients, the round "
+                f"samples {clients_per_round}"
+            )
+        slots = jnp.arange(clients_per_round, dtype=jnp.int32)
+        return CohortData(population.client_ids, population.clients, slots)
+    client_ids = sample_cohort(key, population, clients_per_round)
+    return CohortData(client_ids, population, client_ids)
 
 
 def weighted_mean(tree: Params, weights: jax.Array) -> Params:

@@ -483,9 +483,18 @@ def test_many_clients_label_skew_concentrates_client_labels():
 def test_dataset_names():
     """The registry lists the documented names."""
     assert dataset_names() == [
+        "cifar10",
+        "cifar100",
+        "emnist",
+        "fashion-mnist",
+        "femnist",
         "label-shift",
         "many-clients",
+        "mnist",
         "peer-benchmark",
+        "sent140",
+        "shakespeare",
+        "stackoverflow",
         "synthetic",
         "synthetic-iid",
     ]
@@ -519,9 +528,9 @@ def test_registry_passes_options_through():
 def test_unknown_dataset_names_the_valid_ones():
     """An unknown name is an error listing the valid names."""
     with pytest.raises(ValueError) as error:
-        load_dataset("femnist")
+        load_dataset("fmnist")
     message = str(error.value)
-    assert "unknown dataset 'femnist'" in message
+    assert "unknown dataset 'fmnist'" in message and "tfds:NAME" in message
     for name in dataset_names():
         assert name in message
 

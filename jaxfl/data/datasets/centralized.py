@@ -1,0 +1,148 @@
+"""Centralized labelled datasets split over clients by a partitioner.
+
+MNIST, Fashion-MNIST, CIFAR-10/100 and most TFDS datasets have no natural
+clients: a partitioner (`jaxfl.data.partition`) deals the official training
+split over `num_clients` clients. The test population is either
+
+* 'unseen': the official test split dealt over `num_test_clients` new
+  clients by the same partitioner (clients never seen in training, with the
+  same kind of heterogeneity), or
+* 'held-out': a `test_fraction` of each training client's examples (the
+  same clients; the official test split is not used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxfl.data import partition as partitioners
+from jaxfl.data.datasets.common import check_fraction, check_option, check_positive_int, progress_bar
+
+TEST_SPLITS = ("unseen", "held-out")
+
+# The partition options every centralized dataset takes, with their defaults
+# (the loaders repeat them as keyword arguments so that `dataset_options`
+# and `--dataset-option` see them).
+PARTITION_DEFAULTS: Mapping[str, Any] = {
+    "num_clients": 100,
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "min_size": 10,
+    "shards_per_client": 2,
+    "sigma": 1.0,
+    "test": "unseen",
+    "num_test_clients": 100,
+    "test_fraction": 0.2,
+    "seed": 0,
+}
+
+
+def partitioner_options(options: Mapping[str, Any], num_examples: int, num_clients: int) -> dict[str, Any]:
+    """The keyword arguments of the chosen partitioner, from the dataset's options."""
+    name = options["partition"]
+    if name == "dirichlet":
+        return {"alpha": options["alpha"], "min_size": options["min_size"]}
+    if name == "dirichlet-mixture":
+        # Hsu et al. 2019 with equal client sizes: every example fits.
+        return {"alpha": options["alpha"], "client_sizes": np.full(num_clients, num_examples // num_clients)}
+    if name == "shards":
+        return {"shards_per_client": options["shards_per_client"]}
+    if name == "lognormal":
+        return {"sigma": options["sigma"]}
+    return {}
+
+
+def check_partition_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validates the shared options (the partitioner checks its own on use)."""
+    options = dict(options)
+    check_option("partition", options["partition"], tuple(partitioners.PARTITIONERS))
+    check_option("test", options["test"], TEST_SPLITS)
+    options["num_clients"] = check_positive_int("num_clients", options["num_clients"])
+    options["num_test_clients"] = check_positive_int("num_test_clients", options["num_test_clients"])
+    options["test_fraction"] = check_fraction("test_fraction", options["test_fraction"])
+    options["seed"] = check_positive_int("seed", options["seed"], minimum=0)
+    return options
+
+
+def _deal(labels: np.ndarray, num_clients: int, options: Mapping[str, Any], seed: int) -> list[np.ndarray]:
+    if num_clients > labels.size:
+        raise ValueError(f"num_clients={num_clients} exceeds the {labels.size} examples")
+    return partitioners.partition(
+        options["partition"], labels, num_clients, seed=seed,
+        **partitioner_options(options, labels.size, num_clients),
+    )
+
+
+def write_partitioned(
+    builder,
+    train: Mapping[str, np.ndarray],
+    test: Mapping[str, np.ndarray] | None,
+    options: Mapping[str, Any],
+    *,
+    label: str = "y",
+    description: str,
+) -> dict[str, Any]:
+    """Deals `train` (and `test`) over clients and writes the populations.
+
+    Args:
+      builder: the cache entry's `CacheBuilder`.
+      train: feature name -> `[E, ...]` arrays of the training split.
+      test: the same for the test split (needed when `options['test']` is
+        'unseen').
+      options: the shared partition options (`PARTITION_DEFAULTS`' keys).
+      label: the feature the partitioner reads (integer class ids).
+      description: the dataset's one-line description.
+
+    Returns:
+      Statistics of both populations (`jaxfl.data.partition.partition_statistics`).
+    """
+    options = check_partition_options(options)
+    seed = options["seed"]
+    train_labels = np.asarray(train[label])
+    num_classes = int(train_labels.max()) + 1
+    parts = _deal(train_labels, options["num_clients"], options, seed)
+    if options["test"] == "held-out":
+        parts, test_parts = partitioners.split_each_client(parts, options["test_fraction"], seed=seed + 1)
+        test_source = train
+    else:
+        if test is None:
+            raise ValueError("this dataset has no test split: use test=held-out")
+        test_source = test
+        # An independent stream for the test clients: the training clients do
+        # not change with the test options.
+        test_parts = _deal(np.asarray(test[label]), options["num_test_clients"], options, seed + 1)
+    statistics = {}
+    for name, source, client_parts in (("train", train, parts), ("test", test_source, test_parts)):
+        labels = np.asarray(source[label])
+        statistics[name] = partitioners.partition_statistics(
+            labels, [p for p in client_parts if p.size], max(num_classes, int(labels.max()) + 1)
+        )
+        writer = builder.population(name)
+        with progress_bar(len(client_parts), f"{description}: {name} clients") as bar:
+            for i, rows in enumerate(client_parts):
+                bar.update(1)
+                if rows.size == 0:
+                    continue  # A client with nothing (held-out side of a 1-example client).
+                writer.add(f"{name}_{i}", {k: np.asarray(v)[rows] for k, v in source.items()})
+    return statistics
+
+
+def partition_summary(options: Mapping[str, Any]) -> str:
+    """One line saying how the clients were made, for descriptions."""
+    name = options["partition"]
+    detail = {
+        "dirichlet": f"Dirichlet({options['alpha']:g}) per class, >= {options['min_size']} examples",
+        "dirichlet-mixture": f"Dirichlet({options['alpha']:g}) class mixture per client",
+        "shards": f"{options['shards_per_client']} label shards each",
+        "lognormal": f"IID, lognormal({options['sigma']:g}) sizes",
+        "iid": "IID",
+    }[name]
+    test = (
+        f"test: {options['num_test_clients']} unseen clients"
+        if options["test"] == "unseen"
+        else f"test: {options['test_fraction']:g} of each client held out"
+    )
+    return f"{options['num_clients']} clients ({detail}; seed {options['seed']}); {test}"

@@ -1,0 +1,268 @@
+"""What the real-data loaders share: finding files, the cache, progress, partitioned populations."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from jaxfl.data.cache import CacheBuilder, cached_dataset, file_fingerprint
+from jaxfl.data.errors import DataFileError, MissingDataError
+from jaxfl.data.population import FederatedDataset
+
+_TASK_FIELDS = ("num_classes", "input_shape", "input_vocab_size", "description")
+
+
+def progress_bar(total: int | None, description: str) -> tqdm:
+    """A progress bar on stderr for conversions (hidden when stderr is not a terminal)."""
+    return tqdm(total=total, desc=description, unit="client", file=sys.stderr, dynamic_ncols=True,
+                disable=None, leave=False)
+
+
+def check_data_dir(data_dir: str | os.PathLike | None, dataset: str) -> Path | None:
+    """`data_dir` as a Path, or a one-line error if it is not a readable directory."""
+    if data_dir is None:
+        return None
+    path = Path(data_dir).expanduser()
+    if not path.exists():
+        raise MissingDataError(f"dataset {dataset!r}: --data-dir {path} does not exist")
+    if not path.is_dir():
+        raise MissingDataError(f"dataset {dataset!r}: --data-dir {path} is not a directory")
+    return path
+
+
+def find_file(directories: Iterable[Path], names: Sequence[str]) -> Path | None:
+    """The first of `names` that exists in one of `directories` (in that order)."""
+    for directory in directories:
+        for name in names:
+            candidate = directory / name
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def search_directories(data_dir: Path | None, *defaults: str | os.PathLike) -> list[Path]:
+    """`data_dir` and its immediate subdirectories, or the default locations that exist."""
+    if data_dir is not None:
+        return [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
+    return [Path(d).expanduser() for d in defaults if Path(d).expanduser().is_dir()]
+
+
+def missing(dataset: str, looked_for: str, places: Sequence[Path] | str) -> MissingDataError:
+    """The one-line error of a dataset whose files are absent."""
+    if isinstance(places, str):
+        where = places
+    else:
+        where = ", ".join(str(p) for p in places) if places else "(no directory given: pass --data-dir)"
+    return MissingDataError(
+        f"dataset {dataset!r}: no {looked_for} found in {where}; see docs/datasets.md for how to get them"
+    )
+
+
+def load_cached(
+    dataset: str,
+    options: Mapping[str, Any],
+    sources: Sequence[Path],
+    build: Callable[[CacheBuilder], Mapping[str, Any]],
+    *,
+    converter_version: int,
+) -> FederatedDataset:
+    """The dataset from the cache, converted by `build` once (see `jaxfl.data.cache`).
+
+    `build` writes populations named 'train', 'test' and optionally
+    'validation', and returns the task's metadata (`num_classes`,
+    `input_shape`, `input_vocab_size`, `description`, and anything else,
+    e.g. statistics or the source's format), which `FederatedDataset`
+    carries.
+    """
+    key = {
+        "options": dict(options),
+        "sources": file_fingerprint(sources),
+        "converter": converter_version,
+    }
+    metadata, populations = cached_dataset(dataset, key, build)
+    if "train" not in populations or "test" not in populations:
+        raise DataFileError(f"dataset {dataset!r}: the conversion wrote no train or test clients")
+    return FederatedDataset(
+        name=dataset,
+        train=populations["train"],
+        test=populations["test"],
+        validation=populations.get("validation"),
+        num_classes=int(metadata["num_classes"]),
+        input_shape=tuple(metadata["input_shape"]),
+        input_vocab_size=metadata.get("input_vocab_size"),
+        description=metadata.get("description", ""),
+    )
+
+
+def write_clients(
+    writer,
+    clients: Iterable[tuple[str, Mapping[str, np.ndarray]]],
+    *,
+    total: int | None,
+    description: str,
+    min_examples: int = 1,
+) -> int:
+    """Appends every client with at least `min_examples` examples; returns how many were kept."""
+    kept = 0
+    with progress_bar(total, description) as bar:
+        for name, features in clients:
+            bar.update(1)
+            size = len(next(iter(features.values())))
+            if size >= max(min_examples, 1):
+                writer.add(name, features)
+                kept += 1
+    return kept
+
+
+def take_first(features: Mapping[str, np.ndarray], limit: int | None) -> dict[str, np.ndarray]:
+    """A client's first `limit` examples (all when None), as TFF's `take(n)` caps clients."""
+    if limit is None:
+        return dict(features)
+    return {k: v[:limit] for k, v in features.items()}
+
+
+def check_option(name: str, value: Any, allowed: Sequence[Any]) -> Any:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+    return value
+
+
+def check_positive_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}")
+    return int(value)
+
+
+def check_fraction(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def size_statistics(counts: np.ndarray) -> dict[str, int]:
+    counts = np.asarray(counts)
+    return {
+        "clients": int(counts.size),
+        "examples": int(counts.sum()),
+        "min": int(counts.min()),
+        "median": int(np.median(counts)),
+        "max": int(counts.max()),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Natural clients read from files: one iterator of (client, raw arrays) per
+# population, whatever the format.
+# ---------------------------------------------------------------------------
+
+
+class ClientSource:
+    """The clients of one population as a file holds them.
+
+    Attributes:
+      path: the file (for messages and the cache key).
+      total: the number of clients, when the file says (for progress bars).
+      clients: a callable returning an iterator of (client id, feature name
+        -> array with one row per example).
+    """
+
+    def __init__(self, path: Path, total: int | None, clients: Callable[[], Iterable[tuple[str, dict]]]):
+        self.path = path
+        self.total = total
+        self.clients = clients
+
+
+def stack_examples(examples: Sequence[Mapping[str, Any]], where: str) -> dict[str, np.ndarray]:
+    """Parsed `tf.train.Example`s of one client as arrays, one row per example.
+
+    float/int lists of one value give `[n]` arrays, of k values `[n, k]`;
+    bytes lists of one value give `[n]` object arrays of bytes.
+    """
+    if not examples:
+        return {}
+    arrays = {}
+    for name in examples[0]:
+        values = [example.get(name) for example in examples]
+        if any(v is None for v in values):
+            raise DataFileError(f"{where}: feature {name!r} is missing from some examples")
+        if isinstance(values[0], list):
+            column = np.empty(len(values), dtype=object)
+            for i, v in enumerate(values):
+                column[i] = v[0] if len(v) == 1 else b" ".join(v)
+            arrays[name] = column
+            continue
+        lengths = {len(v) for v in values}
+        if len(lengths) != 1:
+            raise DataFileError(f"{where}: feature {name!r} has examples of lengths {sorted(lengths)}")
+        stacked = np.stack(values)
+        arrays[name] = stacked[:, 0] if lengths == {1} else stacked
+    return arrays
+
+
+def tff_hdf5_source(path: Path) -> ClientSource:
+    from jaxfl.data.formats.tff_hdf5 import TffHdf5
+
+    with TffHdf5(path) as file:
+        total = len(file.client_ids())
+
+    def clients():
+        with TffHdf5(path) as file:
+            yield from file.iter_clients()
+
+    return ClientSource(path, total, clients)
+
+
+def tff_sqlite_source(path: Path, split: str) -> ClientSource:
+    from jaxfl.data.cache import cache_root
+    from jaxfl.data.formats.tff_sqlite import TffSqlite
+
+    work_dir = cache_root() / "decompressed"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with TffSqlite(path, work_dir=work_dir) as file:
+        total = len(file.client_counts(split))
+
+    def clients():
+        with TffSqlite(path, work_dir=work_dir) as file:
+            for client, examples in file.iter_clients(split):
+                yield client, stack_examples(examples, f"{path.name}: client {client!r}")
+
+    return ClientSource(path, total, clients)
+
+
+def tff_sqlite_splits(path: Path) -> list[str]:
+    from jaxfl.data.cache import cache_root
+    from jaxfl.data.formats.tff_sqlite import TffSqlite
+
+    work_dir = cache_root() / "decompressed"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with TffSqlite(path, work_dir=work_dir) as file:
+        return file.splits()
+
+
+def fedjax_sqlite_source(path: Path) -> ClientSource:
+    from jaxfl.data.formats.fedjax_sqlite import FedjaxSqlite
+
+    with FedjaxSqlite(path) as file:
+        total = len(file.client_counts())
+
+    def clients():
+        with FedjaxSqlite(path) as file:
+            yield from file.iter_clients()
+
+    return ClientSource(path, total, clients)
+
+
+def split_clients_by_name(names: Sequence[str], test_fraction: float, seed: int) -> set[str]:
+    """The names of a seeded random `test_fraction` of clients (at least one, not all when >= 2)."""
+    names = sorted(names)
+    count = min(max(round(test_fraction * len(names)), 1), max(len(names) - 1, 1))
+    chosen = np.random.default_rng(seed).permutation(len(names))[:count]
+    return {names[i] for i in chosen}

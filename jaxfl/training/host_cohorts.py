@@ -1,0 +1,119 @@
+"""Feeding the compiled round from a host-resident population, one call ahead.
+
+`CohortStream` computes each round's cohort on the host exactly as the round
+would (`sampled_cohorts`: the same keys, the same sampler), gathers those
+clients' examples from the `jaxfl.data.host.HostPopulation` and places them
+on the device, in a background thread one compiled call ahead of the device
+(double-buffered). The round, given the `GatheredCohort`, trains the same
+clients with the same keys on the same examples as it would on the whole
+population on the device.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfl.data.host import HostPopulation, to_cohort
+from jaxfl.data.population import GatheredCohort
+from jaxfl.training.cohort import round_keys
+from jaxfl.training.sampling import sample_without_replacement
+from jaxfl.types import Key
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def sampled_cohorts(run_key: Key, first_round: jax.Array, num_rounds: int, num_clients: int, clients_per_round: int):
+    """`[num_rounds, M]` the cohorts of rounds first_round, first_round + 1, ...
+
+    Exactly the ids the round itself draws from `round_keys(run_key,
+    round).sampling` (`jaxfl.training.cohort.select_cohort`).
+    """
+
+    def one(round_index):
+        keys = round_keys(run_key, round_index)
+        return sample_without_replacement(keys.sampling, num_clients, clients_per_round)
+
+    return jax.vmap(one)(first_round + jnp.arange(num_rounds, dtype=jnp.int32))
+
+
+class CohortStream:
+    """The gathered cohorts of consecutive compiled calls, prepared one call ahead.
+
+    Call `next_call()` once per compiled call: it returns the cohorts of the
+    call's `rounds_per_call` rounds (stacked on a leading axis when more than
+    one) placed by `place` (e.g. replicated over a device mesh), and starts
+    gathering the following call's in a background thread, so the host's
+    gathering and copying overlaps the device's computing (double-buffering).
+
+    Args:
+      population: the host-resident training clients.
+      run_key: the run's key (as given to the round).
+      clients_per_round: M.
+      rounds_per_call: rounds each compiled call runs.
+      first_round: the round index of the first call's first round.
+      place: applied to each call's cohorts (default: `jax.device_put`).
+    """
+
+    def __init__(
+        self,
+        population: HostPopulation,
+        run_key: Key,
+        clients_per_round: int,
+        *,
+        rounds_per_call: int = 1,
+        first_round: int = 0,
+        place: Callable[[Any], Any] | None = None,
+    ):
+        self.population = population
+        self.run_key = run_key
+        self.clients_per_round = clients_per_round
+        self.rounds_per_call = rounds_per_call
+        self.num_rows = population.cohort_rows(clients_per_round)
+        self.place = place or jax.device_put
+        self._next_round = first_round
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxfl-cohorts")
+        self._pending = self._executor.submit(self._prepare, self._next_round)
+
+    def _prepare(self, first_round: int) -> Any:
+        ids = np.asarray(
+            sampled_cohorts(
+                self.run_key,
+                jnp.asarray(first_round, jnp.int32),
+                self.rounds_per_call,
+                self.population.num_clients,
+                self.clients_per_round,
+            )
+        )
+        gathered = [self.population.gather_host(round_ids, self.num_rows) for round_ids in ids]
+        if self.rounds_per_call == 1:
+            host = gathered[0]
+        else:
+            host = jax.tree.map(lambda *leaves: np.stack(leaves), *gathered)
+        cohort = to_cohort(host, self.population.max_count, self.population.num_clients)
+        return self.place(cohort)
+
+    def next_call(self) -> GatheredCohort:
+        cohort = self._pending.result()
+        self._next_round += self.rounds_per_call
+        self._pending = self._executor.submit(self._prepare, self._next_round)
+        return cohort
+
+    def __iter__(self) -> Iterator[GatheredCohort]:
+        while True:
+            yield self.next_call()
+
+    def close(self) -> None:
+        self._pending.cancel()
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> CohortStream:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
