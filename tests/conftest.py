@@ -1,13 +1,17 @@
 """Test configuration shared by the whole suite.
 
+Converted real datasets are cached in a directory of this session.
 Eight virtual CPU devices exist so that sharded strategies are tested on a
 real mesh; this must happen before JAX initializes its backends. Rank
 promotion is an error so that broadcasting slips fail loudly.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Converted datasets go to a cache of this test session, never the user's.
+os.environ["JAXFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxfl-test-cache-")
 
 import jax  # noqa: E402
 

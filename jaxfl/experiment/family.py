@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from jaxfl.data.host import place_population
 from jaxfl.data.population import ClientPopulation, pack_arrays
 from jaxfl.evaluation.per_client import per_client_metrics
 from jaxfl.evaluation.summaries import summarize
@@ -142,7 +143,9 @@ def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fracti
         raise ConfigError("family needs --thetas THETA1,THETA2,...")
     run_setup = setup(config)
     output = OutputDirectory(config.out, overwrite=config.overwrite) if config.out else None
-    selection, evaluation = split_clients(run_setup.dataset.test, selection_fraction, config.seed)
+    # Serving reads every test client on the device.
+    test = place_population(run_setup.dataset.test, "device")
+    selection, evaluation = split_clients(test, selection_fraction, config.seed)
     points = [SweepPoint({"theta": float(theta)}, seed=config.seed) for theta in thetas]
     with tqdm(total=config.rounds, desc=f"deltafl family ({len(points)} models)",
               unit="round", disable=not config.progress, file=sys.stderr) as bar:

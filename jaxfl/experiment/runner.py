@@ -259,15 +259,11 @@ def _evaluate_populations(task: Task, client_weighting: str, params, populations
     summaries, clients = {}, {}
     for name, population in populations.items():
         metrics = per_client_metrics(task, params, population)
-        _summarize_into(summaries, clients, name, metrics, population, client_weighting)
+        weights = population.client_weights(client_weighting) if name == "train" else None
+        summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
+        summaries[f"{name}_error"] = summarize(metrics.error, weights)
+        clients[name] = {"loss": metrics.loss, "error": metrics.error}
     return summaries, clients
-
-
-def _summarize_into(summaries, clients, name, metrics, population, client_weighting):
-    weights = population.client_weights(client_weighting) if name == "train" else None
-    summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
-    summaries[f"{name}_error"] = summarize(metrics.error, weights)
-    clients[name] = {"loss": metrics.loss, "error": metrics.error}
 
 
 _summarize_host = jax.jit(
@@ -297,21 +293,31 @@ def make_evaluator(
         populations["validation"] = dataset.validation
     on_host = {k: v for k, v in populations.items() if isinstance(v, HostPopulation)}
     on_device = {k: v for k, v in populations.items() if k not in on_host}
-    if on_host and batched:
-        raise ValueError("batched evaluation needs device-resident populations")
     evaluate = _evaluate_batched if batched else _evaluate
+
+    def host_metrics(name, population, params):
+        # Streamed in blocks of clients: device memory stays one block.
+        metrics = host_population_metrics(task, params, population)
+        weights = population.client_weights(client_weighting) if name == "train" else None
+        stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
+        return stats, {"loss": metrics.loss, "error": metrics.error}
 
     def run(params):
         summaries, clients = jax.device_get(
             evaluate(task, client_weighting, params, on_device)
         )
         for name, population in on_host.items():
-            # Streamed in blocks of clients: device memory stays one block.
-            metrics = host_population_metrics(task, params, population)
-            weights = population.client_weights(client_weighting) if name == "train" else None
-            loss_stats, error_stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
+            if batched:
+                # One sweep point after another, stacked as the batched path.
+                points = [
+                    host_metrics(name, population, jax.tree.map(lambda p, g=g: p[g], params))
+                    for g in range(jax.tree.leaves(params)[0].shape[0])
+                ]
+                (loss_stats, error_stats), values = jax.tree.map(lambda *v: np.stack(v), *points)
+            else:
+                (loss_stats, error_stats), values = host_metrics(name, population, params)
             summaries[f"{name}_loss"], summaries[f"{name}_error"] = loss_stats, error_stats
-            clients[name] = {"loss": metrics.loss, "error": metrics.error}
+            clients[name] = values
         summaries = {
             f"{name}_{kind}": summaries[f"{name}_{kind}"]
             for name in populations

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
+from jaxfl.data.host import HostPopulation
 from jaxfl.experiment.runner import (
     RunResult,
     Setup,
@@ -40,6 +41,7 @@ from jaxfl.experiment.runner import (
     rounds_per_call,
     training_loop,
 )
+from jaxfl.training.host_cohorts import CohortStream
 
 SERVER_LR = "server_lr"
 
@@ -99,10 +101,12 @@ _BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 @functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
-def batched_round(round_fn: Callable, rounds_per_call: int = 1) -> Callable:
+def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point: bool = False) -> Callable:
     """`vmap(round_fn)` over states and keys, compiled as `rounds_per_call`
     rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
-    object per (round_fn, rounds_per_call).
+    object per (round_fn, rounds_per_call, cohort_per_point). With
+    `cohort_per_point` (a host-resident population) the population argument
+    holds each point's gathered cohort, batched like the states.
 
     Every point keeps its own batched key and round counter, even when the
     points share a seed: unbatching them (so that all points read the same
@@ -110,7 +114,12 @@ def batched_round(round_fn: Callable, rounds_per_call: int = 1) -> Callable:
     emnist-linear settings, as XLA then transposes the 8 stacked models at
     every local step (benchmarks/RESULTS.md).
     """
-    return compile_rounds(jax.vmap(round_fn, in_axes=(0, None, 0)), rounds_per_call)
+    population_axis = 0 if cohort_per_point else None
+    return compile_rounds(
+        jax.vmap(round_fn, in_axes=(0, population_axis, 0)),
+        rounds_per_call,
+        cohort_per_round=cohort_per_point,
+    )
 
 
 def batched_evaluator(run_setup: Setup) -> Callable:
@@ -162,9 +171,16 @@ def run_sweep(
     # compile again.
     states = engine.strategy.replicate(stack([state for state, _ in starts]))
     keys = jnp.stack([key for _, key in starts])
-    train = engine.strategy.replicate(run_setup.dataset.train)
     fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
-    round_fn = batched_round(algorithm.round, fused)
+    on_host = isinstance(run_setup.dataset.train, HostPopulation)
+    if on_host:
+        train = CohortStream(
+            run_setup.dataset.train, keys, engine.clients_per_round,
+            rounds_per_call=fused, place=engine.strategy.replicate,
+        )
+    else:
+        train = engine.strategy.replicate(run_setup.dataset.train)
+    round_fn = batched_round(algorithm.round, fused, on_host)
     evaluate = batched_evaluator(run_setup)
 
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
@@ -198,9 +214,13 @@ def run_sweep(
             if on_evaluation is not None:
                 on_evaluation(g, record)
 
-    states, timing = training_loop(
-        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
-    )
+    try:
+        states, timing = training_loop(
+            round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
+        )
+    finally:
+        if on_host:
+            train.close()
     compile_s = timing.compile_s
     results = []
     for g, point in enumerate(points):

@@ -27,8 +27,10 @@ from jaxfl.training.sampling import sample_without_replacement
 from jaxfl.types import Key
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def sampled_cohorts(run_key: Key, first_round: jax.Array, num_rounds: int, num_clients: int, clients_per_round: int):
+@functools.partial(jax.jit, static_argnames=("num_rounds", "num_clients", "clients_per_round"))
+def sampled_cohorts(
+    run_key: Key, *, first_round: jax.Array, num_rounds: int, num_clients: int, clients_per_round: int
+):
     """`[num_rounds, M]` the cohorts of rounds first_round, first_round + 1, ...
 
     Exactly the ids the round itself draws from `round_keys(run_key,
@@ -51,9 +53,13 @@ class CohortStream:
     gathering the following call's in a background thread, so the host's
     gathering and copying overlaps the device's computing (double-buffering).
 
+    With a batch of G run keys (a sweep, `jaxfl.experiment.sweep`), each
+    round's cohorts are stacked on an axis G after the rounds' axis: the
+    points of a sweep have their own cohorts, as when run alone.
+
     Args:
       population: the host-resident training clients.
-      run_key: the run's key (as given to the round).
+      run_key: the run's key (as given to the round), or `[G]` keys.
       clients_per_round: M.
       rounds_per_call: rounds each compiled call runs.
       first_round: the round index of the first call's first round.
@@ -72,6 +78,7 @@ class CohortStream:
     ):
         self.population = population
         self.run_key = run_key
+        self.batched = jnp.ndim(run_key) == 1
         self.clients_per_round = clients_per_round
         self.rounds_per_call = rounds_per_call
         self.num_rows = population.cohort_rows(clients_per_round)
@@ -81,20 +88,29 @@ class CohortStream:
         self._pending = self._executor.submit(self._prepare, self._next_round)
 
     def _prepare(self, first_round: int) -> Any:
-        ids = np.asarray(
-            sampled_cohorts(
-                self.run_key,
-                jnp.asarray(first_round, jnp.int32),
-                self.rounds_per_call,
-                self.population.num_clients,
-                self.clients_per_round,
-            )
+        sample = functools.partial(
+            sampled_cohorts,
+            first_round=jnp.asarray(first_round, jnp.int32),
+            num_rounds=self.rounds_per_call,
+            num_clients=self.population.num_clients,
+            clients_per_round=self.clients_per_round,
         )
-        gathered = [self.population.gather_host(round_ids, self.num_rows) for round_ids in ids]
-        if self.rounds_per_call == 1:
-            host = gathered[0]
+        if self.batched:
+            ids = np.stack([np.asarray(sample(key)) for key in self.run_key], axis=1)  # [K, G, M]
         else:
-            host = jax.tree.map(lambda *leaves: np.stack(leaves), *gathered)
+            ids = np.asarray(sample(self.run_key))[:, None]  # [K, 1, M]
+        gathered = [
+            [self.population.gather_host(point_ids, self.num_rows) for point_ids in round_ids]
+            for round_ids in ids
+        ]
+        per_round = [
+            jax.tree.map(lambda *leaves: np.stack(leaves), *points) if self.batched else points[0]
+            for points in gathered
+        ]
+        if self.rounds_per_call == 1:
+            host = per_round[0]
+        else:
+            host = jax.tree.map(lambda *leaves: np.stack(leaves), *per_round)
         cohort = to_cohort(host, self.population.max_count, self.population.num_clients)
         return self.place(cohort)
 

@@ -108,7 +108,7 @@ def test_flags_override_config_file(tmp_path, capsys):
         (["--rounds", "0"], ["rounds", ">= 1"]),
         (["--rounds", "2.5"], ["rounds", "integer"]),
         (["--local-epochs", "0"], ["local_epochs"]),
-        (["--dataset", "mnist"], ["dataset", "mnist", "label-shift"]),
+        (["--dataset", "mnst"], ["dataset", "mnst", "label-shift", "shakespeare"]),
         (["--model", "resnet"], ["model", "linear"]),
         (["--algorithm", "fedfoo"], ["algorithm", "fedfoo", "fedavg"]),
         (["--strategy", "pmap"], ["strategy", "pmap"]),

@@ -46,8 +46,11 @@ def partitioner_options(options: Mapping[str, Any], num_examples: int, num_clien
     if name == "dirichlet":
         return {"alpha": options["alpha"], "min_size": options["min_size"]}
     if name == "dirichlet-mixture":
-        # Hsu et al. 2019 with equal client sizes: every example fits.
-        return {"alpha": options["alpha"], "client_sizes": np.full(num_clients, num_examples // num_clients)}
+        # Hsu et al. 2019 with equal client sizes (the first `num_examples % num_clients` one
+        # larger): every example fits.
+        sizes = np.full(num_clients, num_examples // num_clients)
+        sizes[: num_examples % num_clients] += 1
+        return {"alpha": options["alpha"], "client_sizes": sizes}
     if name == "shards":
         return {"shards_per_client": options["shards_per_client"]}
     if name == "lognormal":

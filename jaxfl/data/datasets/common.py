@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -220,12 +221,24 @@ def tff_hdf5_source(path: Path) -> ClientSource:
     return ClientSource(path, total, clients)
 
 
-def tff_sqlite_source(path: Path, split: str) -> ClientSource:
+def _decompress_dir(path: Path) -> Path:
+    """Where the decompressed copy of a `.sqlite.lzma` file goes: one directory per source path.
+
+    Files of the same name in different directories (e.g. two releases) must
+    not share a copy: `TffSqlite` reuses one that is newer than its source.
+    """
     from jaxfl.data.cache import cache_root
+
+    digest = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    work_dir = cache_root() / "decompressed" / digest
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return work_dir
+
+
+def tff_sqlite_source(path: Path, split: str) -> ClientSource:
     from jaxfl.data.formats.tff_sqlite import TffSqlite
 
-    work_dir = cache_root() / "decompressed"
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = _decompress_dir(path)
     with TffSqlite(path, work_dir=work_dir) as file:
         total = len(file.client_counts(split))
 
@@ -238,12 +251,9 @@ def tff_sqlite_source(path: Path, split: str) -> ClientSource:
 
 
 def tff_sqlite_splits(path: Path) -> list[str]:
-    from jaxfl.data.cache import cache_root
     from jaxfl.data.formats.tff_sqlite import TffSqlite
 
-    work_dir = cache_root() / "decompressed"
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with TffSqlite(path, work_dir=work_dir) as file:
+    with TffSqlite(path, work_dir=_decompress_dir(path)) as file:
         return file.splits()
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
+    check_fraction,
     check_option,
     check_positive_int,
     fedjax_sqlite_source,
@@ -172,7 +173,8 @@ def femnist(
         holding `train/` and `test/` or `all_data/`).
       pixels: 'tff' (as stored) or 'inverted'.
       min_examples: drop writers with fewer training examples (LEAF's `-k`;
-        the Delta-FL reference uses 100).
+        the Delta-FL reference uses 100); writers found only in `test/`
+        (LEAF's `-t user`) need as many test examples.
       split: 'published' (LEAF's own `train/` and `test/`), 'users' (whole
         writers held out as test clients, LEAF's `-t user`; Delta-FL with
         test_fraction 0.5), or 'examples' (each writer's last test_fraction
@@ -183,6 +185,8 @@ def femnist(
     check_option("pixels", pixels, PIXELS)
     check_option("split", split, ("published", "users", "examples"))
     min_examples = check_positive_int("min_examples", min_examples)
+    test_fraction = check_fraction("test_fraction", test_fraction)
+    seed = check_positive_int("seed", seed, minimum=0)
     directory = check_data_dir(data_dir, "femnist")
     if directory is None:
         raise missing("femnist", "LEAF femnist JSON", "(no --data-dir given; FEMNIST ships with no package)")
@@ -201,14 +205,18 @@ def femnist(
         if split == "published":
             populations = {"train": leaf_clients(splits["train"]), "test": leaf_clients(splits["test"])}
             train_writer = builder.population("train")
-            kept = set()
+            kept, seen = set(), set()
             for user, features in populations["train"]:
+                seen.add(user)
                 if len(features["y"]) >= min_examples:
                     train_writer.add(user, features)
                     kept.add(user)
             test_writer = builder.population("test")
             for user, features in populations["test"]:
-                if user in kept:
+                # A writer of both splits (LEAF's `-t sample`) follows its training part; one
+                # only in test (LEAF's `-t user`, unseen in training) needs min_examples itself.
+                enough = user in kept if user in seen else len(features["y"]) >= min_examples
+                if enough and len(features["y"]):
                     test_writer.add(user, features)
         else:
             # Everything in one pass: all users' examples (train + test dirs merged).

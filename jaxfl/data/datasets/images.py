@@ -29,13 +29,14 @@ import numpy as np
 
 from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, partition_summary, write_partitioned
 from jaxfl.data.datasets.common import check_data_dir, find_file, load_cached, missing, search_directories
+from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.checksums import verify_published
 from jaxfl.data.formats.cifar import read_cifar
 from jaxfl.data.formats.idx import read_idx
 from jaxfl.data.population import FederatedDataset
 
 # Bump when a converter's output changes for the same files and options.
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -81,9 +82,9 @@ def _idx_dataset(
         for split in ("train", "test"):
             images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
             if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-                raise ValueError(
-                    f"{files[split + '_images'].name}: {images.shape[0]} images of shape "
-                    f"{images.shape[1:]} do not match {labels.shape[0]} labels"
+                raise DataFileError(
+                    f"{files[split + '_images']}: {images.shape[0]} images of shape {images.shape[1:]} "
+                    f"do not match the {labels.shape[0]} labels of {files[split + '_labels'].name}"
                 )
         train = {"x": _images(arrays["train_images"]), "y": arrays["train_labels"].astype(np.int32)}
         test = {"x": _images(arrays["test_images"]), "y": arrays["test_labels"].astype(np.int32)}

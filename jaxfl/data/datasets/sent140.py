@@ -56,7 +56,7 @@ from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.text import leaf_split_line
 
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: min_examples filters the published test users too
 FEATURES = ("mean-glove", "tokens")
 SPLITS = ("auto", "published", "users", "examples")
 STANFORD_CSV = "training.1600000.processed.noemoticon.csv"
@@ -156,7 +156,9 @@ def sent140(
       embedding_dim: GloVe dimension (50: the kumo package or
         glove.6B.50d.txt; others need glove.6B.{dim}d.txt in data_dir).
       max_words: words kept per tweet for 'tokens' (LEAF: 25; Delta-FL: 20).
-      min_examples: drop users with fewer tweets (LEAF's `-k`; Delta-FL 50).
+      min_examples: drop users with fewer tweets (LEAF's `-k`; Delta-FL 50);
+        with split 'published', a user's training tweets count, or its test
+        tweets for a user found only in test (LEAF's `-t user`).
       split: 'published' (LEAF's train/test directories), 'users' (a
         test_fraction of users are test clients: LEAF `-t user`, Delta-FL
         with 0.5), 'examples' (each user's last test_fraction of tweets), or
@@ -228,7 +230,12 @@ def sent140(
 
         if split == "published":
             parts = {"train": leaf_users(leaf_splits["train"]), "test": leaf_users(leaf_splits["test"])}
+            seen = set(parts["train"])
             parts["train"] = {u: t for u, t in parts["train"].items() if len(t) >= min_examples}
+            # A user of both splits (LEAF's `-t sample`) follows its training part; one only
+            # in test (LEAF's `-t user`) needs min_examples test tweets itself.
+            parts["test"] = {u: t for u, t in parts["test"].items()
+                             if (u in parts["train"] if u in seen else len(t) >= min_examples)}
         else:
             if flat:
                 users = flat[2]()

@@ -70,7 +70,7 @@ from jaxfl.data.text import (
     next_char_windows,
 )
 
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: LEAF windows with characters outside the vocabulary, stride
 
 VOCABULARIES: dict[str, CharVocabulary] = {
     "fedjax": FEDJAX_SHAKESPEARE_VOCAB,
@@ -163,10 +163,12 @@ def shakespeare(
         reference: 20).
       layout: 'next-char' (one next character per example) or 'sequence'
         (x `[L]`, y `[L]`; needs a vocabulary with pad, bos and eos).
-      stride: characters between consecutive 'next-char' windows (LEAF: 1).
+      stride: characters between consecutive 'next-char' windows (LEAF: 1;
+        with LEAF files, every stride-th of their windows).
       vocabulary: 'fedjax', 'tff', 'leaf' or 'delta-fl'.
       split: 'examples' (each role's held-out speeches; files: their own
-        split) or 'roles' (unseen roles as test clients).
+        split) or 'roles' (unseen roles as test clients; not with LEAF
+        files, which hold their own split).
       test_fraction: the share of each role's speeches ('examples', built
         in) or of the roles ('roles') held out for testing.
       min_chars: drop roles whose text (all speeches) is shorter.
@@ -295,20 +297,28 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
         return None
     if options["layout"] != "next-char":
         raise ValueError("LEAF Shakespeare files hold next-character windows: use layout=next-char")
-    length = options["sequence_length"]
+    if options["split"] != "examples":
+        raise ValueError(
+            "LEAF Shakespeare files hold their own train/test split (LEAF's -t): use split=examples"
+        )
+    length, stride = options["sequence_length"], options["stride"]
 
     def encode(user, record, where):
-        windows = [_text(x) for x in record["x"]]
+        # LEAF's windows start one character apart: every `stride`-th is kept.
+        windows = [_text(x) for x in record["x"]][::stride]
+        targets = [_text(c) for c in record["y"]][::stride]
         if any(len(w) < length for w in windows):
             raise DataFileError(f"{where}: user {user!r} has windows shorter than sequence_length={length}")
-        x = np.stack([vocab.encode(w[len(w) - length :], errors="ignore") for w in windows]) if windows else None
-        if x is None or x.shape[1] != length:
+        # The last `length` ids of each window: a character outside the vocabulary is dropped (no oov
+        # id) or takes several ids (byte-level vocabularies), so ids and characters need not match one
+        # to one. A window left with fewer ids, or whose next character has no id, is dropped.
+        rows = [vocab.encode(w, errors="ignore")[-length:] for w in windows]
+        ys = [vocab.encode(c, errors="ignore")[:1] for c in targets]
+        keep = [i for i, (x, y) in enumerate(zip(rows, ys, strict=True)) if x.size == length and y.size == 1]
+        if not keep:
             return None
-        y = np.array([vocab.encode(_text(c), errors="ignore")[:1] for c in record["y"]], dtype=object)
-        keep = np.array([len(v) == 1 for v in y], bool)
-        if not keep.any():
-            return None
-        return {"x": x[keep].astype(np.uint8), "y": np.array([v[0] for v in y[keep]], np.int32)}
+        return {"x": np.stack([rows[i] for i in keep]).astype(np.uint8),
+                "y": np.array([ys[i][0] for i in keep], np.int32)}
 
     def build(builder):
         if {"train", "test"} <= set(splits):
@@ -326,6 +336,8 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
                     examples = {k: v[:cap] for k, v in examples.items()} if cap else examples
                     writer.add(user, examples)
                     counts.append(len(examples["y"]))
+            if not counts:
+                raise DataFileError(f"{path}: no user has a {length}-character window in the vocabulary")
             statistics[population] = size_statistics(np.asarray(counts))
         return {
             "num_classes": vocab.size,

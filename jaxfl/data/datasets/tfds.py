@@ -23,7 +23,7 @@ from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.tfds_source import TfdsInfo, read_tfds, tfds_info
 from jaxfl.data.population import FederatedDataset
 
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
 _D = PARTITION_DEFAULTS
 
 
