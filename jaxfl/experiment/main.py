@@ -22,7 +22,7 @@ from jaxfl.experiment.outputs import (
     write_comparison,
     write_json,
 )
-from jaxfl.experiment.runner import RunResult, run_algorithm, setup
+from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, setup
 
 
 def _write_run(directory: Path, config: RunConfig, result: RunResult) -> None:
@@ -98,6 +98,7 @@ def run_main(config: RunConfig) -> int:
         f"{config.clients_per_round} clients per round, strategy "
         f"{run_setup.engine.strategy.describe()}"
     )
+    print(placement_line(run_setup))
     print(format_table(summaries))
     for name, summary in summaries.items():
         speed = summary["rounds_per_s"]

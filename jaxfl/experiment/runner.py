@@ -236,6 +236,19 @@ def setup(config: RunConfig) -> Setup:
     return Setup(config, dataset, engine, algorithms, hparams, ignored, placement)
 
 
+def placement_line(run_setup: Setup) -> str:
+    """One line saying where the training clients live and why (printed by the CLI)."""
+    placement = run_setup.placement
+    if placement is None or placement.residency == "device":
+        reason = placement.reason if placement else "generated in memory"
+        return f"training clients: device-resident ({reason})"
+    rows = run_setup.dataset.train.cohort_rows(run_setup.engine.clients_per_round)
+    return (
+        f"training clients: host-resident, memory-mapped ({placement.reason}); each round's cohort "
+        f"({rows} rows at most) is gathered on the host one call ahead"
+    )
+
+
 def place_dataset(dataset: FederatedDataset, residency: str) -> tuple[FederatedDataset, Placement]:
     """Puts the training clients on the device or keeps them in host memory.
 

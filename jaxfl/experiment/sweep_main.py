@@ -35,7 +35,7 @@ from jaxfl.experiment.outputs import (
     write_clients_csv,
     write_json,
 )
-from jaxfl.experiment.runner import setup
+from jaxfl.experiment.runner import placement_line, setup
 from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, run_sweep
 
 # Settings that are traced in the round (vmapped) when the algorithm takes them.
@@ -157,6 +157,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
         if output is not None:
             output.abandon()
         raise
+    print(placement_line(base_setup))
     _print_rows(rows, grid, total)
     if output is not None:
         print(f"results in {output.path}")

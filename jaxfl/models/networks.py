@@ -64,8 +64,9 @@ def _first_layer(layer: nnx.Linear, x: jax.Array, vocab_size: int | None) -> jax
     kernel, bias = layer.kernel[...], layer.bias[...]
     batch, positions = x.shape
     tokens = x.astype(jnp.int32)
+    bias = bias.reshape(1, -1)
     if batch * positions * kernel.shape[1] <= _GATHER_ELEMENTS:
-        rows = jnp.arange(positions, dtype=jnp.int32) * vocab_size + tokens
+        rows = jnp.arange(positions, dtype=jnp.int32).reshape(1, -1) * vocab_size + tokens
         return jnp.sum(kernel[rows], axis=1) + bias
     # Large batches (evaluation chunks): gathering [B, L, C] at once is
     # memory-bound on CPU (4096 x 80 x 90: 30 ms); a scan over positions
