@@ -119,6 +119,33 @@ class PopulationWriter:
         self._counts.append(size)
         self._names.write(name.replace("\n", " ") + "\n")
 
+    def add_block(self, names: list[str], counts: np.ndarray, features: Mapping[str, np.ndarray]) -> None:
+        """Appends consecutive clients at once: `counts[j]` rows each, features packed.
+
+        The fast path for generated populations of millions of clients (one
+        `add` per client costs microseconds of Python each).
+        """
+        counts = np.asarray(counts, np.int64)
+        if len(names) != counts.size or np.any(counts < 1):
+            raise ValueError("add_block needs one name and a positive count per client")
+        total = int(counts.sum())
+        if any(np.shape(v)[0] != total for v in features.values()):
+            raise ValueError(f"add_block: features must have {total} rows (the counts' sum)")
+        if not self._specs:
+            for key, array in features.items():
+                self._specs[key] = (np.asarray(array).dtype, np.shape(array)[1:])
+                self._files[key] = (self.directory / f"{key}.bin").open("wb")
+        if set(features) != set(self._specs):
+            raise ValueError(f"add_block: features {sorted(features)}, expected {sorted(self._specs)}")
+        for key, array in features.items():
+            dtype, trailing = self._specs[key]
+            array = np.ascontiguousarray(array)
+            if array.dtype != dtype or array.shape[1:] != trailing:
+                raise ValueError(f"add_block: feature {key!r} is {array.dtype}{list(array.shape[1:])}")
+            self._files[key].write(array.tobytes())
+        self._counts.extend(counts.tolist())
+        self._names.write("".join(name.replace("\n", " ") + "\n" for name in names))
+
     def close(self) -> dict[str, Any]:
         """Finishes the files; returns the population's entry of `metadata.json`."""
         for file in self._files.values():

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -77,6 +80,15 @@ class HostPopulation:
             offsets=np.asarray(population.offsets, np.int64),
             counts=np.asarray(population.counts, np.int32),
         )
+
+    @functools.cached_property
+    def _files(self) -> dict[str, _FileRows]:
+        """The memory-mapped features, read with `pread` instead of through the map."""
+        return {
+            name: _FileRows(array.filename, array.offset, array.dtype, array.shape[1:])
+            for name, array in self.features.items()
+            if isinstance(array, np.memmap) and array.filename is not None
+        }
 
     @property
     def num_clients(self) -> int:
@@ -140,16 +152,17 @@ class HostPopulation:
         used = int(counts.sum(dtype=np.int64))
         if used > num_rows:
             raise ValueError(f"the cohort holds {used} examples, more than the {num_rows} rows given")
-        # Row r of the cohort is row starts[j] + (r - cohort_offset[j]) of the population.
         cohort_offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)[:-1]])
-        rows = np.repeat(starts - cohort_offsets, counts) + np.arange(used)
         features = {}
         for name, array in self.features.items():
             out = np.zeros((num_rows, *array.shape[1:]), array.dtype)
-            # Clients are contiguous in the population: a copy per client
-            # reads whole pages of a memory map; sorting the rows would only
-            # help when clients are tiny, and `take` already reads in order.
-            out[:used] = array[rows]
+            file_rows = self._files.get(name)
+            if file_rows is not None:
+                file_rows.read_into(out, starts, counts, cohort_offsets)
+            else:
+                # Row r of the cohort is row starts[j] + (r - cohort_offsets[j]).
+                rows = np.repeat(starts - cohort_offsets, counts) + np.arange(used)
+                out[:used] = array[rows]
             features[name] = out
         return {
             "features": features,
@@ -161,6 +174,42 @@ class HostPopulation:
     def gather(self, client_ids: np.ndarray, num_rows: int) -> GatheredCohort:
         """`gather_host`, as a device `GatheredCohort`."""
         return to_cohort(self.gather_host(client_ids, num_rows), self.max_count, self.num_clients)
+
+
+class _FileRows:
+    """Reads rows of a raw array file with `pread`, into a caller's buffer.
+
+    Gathering a cohort through the memory map would map every page it
+    touches into the process, and with the kernel's large page-cache folios
+    one touched client maps megabytes: the resident memory of a long run
+    would grow towards the population's size (measured: +340 MiB for one
+    cohort of 100 clients from a 4 GB population). `pread` copies just the
+    client's bytes; the page cache still serves repeated reads but is not
+    the process's memory.
+    """
+
+    def __init__(self, path: str, offset: int, dtype: np.dtype, row_shape: tuple[int, ...]):
+        self.path = path
+        self.offset = int(offset)
+        self.row_bytes = int(np.dtype(dtype).itemsize * math.prod(row_shape))
+        self._fd: int | None = None
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            # Closed with this object, or at exit while `os` still exists.
+            weakref.finalize(self, os.close, self._fd)
+        return self._fd
+
+    def read_into(self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, out_rows: np.ndarray) -> None:
+        fd = self._descriptor()
+        buffer = memoryview(out.reshape(-1).view(np.uint8))
+        for start, count, row in zip(starts.tolist(), counts.tolist(), out_rows.tolist(), strict=True):
+            size = count * self.row_bytes
+            first = row * self.row_bytes
+            read = os.preadv(fd, [buffer[first : first + size]], self.offset + start * self.row_bytes)
+            if read != size:
+                raise OSError(f"{self.path}: short read ({read} of {size} bytes): the file changed or is truncated")
 
 
 def to_cohort(host: Mapping[str, Any], max_count: int, num_clients: int) -> GatheredCohort:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -613,31 +614,35 @@ def peer_benchmark(
 # Many small clients, for population scaling.
 # ---------------------------------------------------------------------------
 
-# Rows per chunk when computing labels: bounds the float32 logits temporary
-# to chunk * num_classes values whatever the population size.
-_LABEL_CHUNK_ROWS = 1 << 20
+# Clients generated together: bounds the temporaries (features and logits of
+# about 5 * 2**18 examples) whatever the population size.
+_CLIENT_BLOCK = 1 << 18
 
 
-def _many_clients_population(
+def _many_clients_blocks(
     rng, *, num_clients, min_examples, max_examples, true_weights, label_skew
-) -> ClientPopulation:
-    num_features, num_classes = true_weights.shape
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(counts, x, y) of consecutive blocks of clients, drawn in one fixed order.
+
+    All sizes first, then all per-client logit shifts, then the features
+    block by block: the draws are the same whatever the block size, so the
+    in-memory and the on-disk populations are the same arrays.
+    """
+    num_classes = true_weights.shape[1]
     counts = rng.integers(min_examples, max_examples + 1, size=num_clients)
-    total = int(counts.sum())
-    _check_total_examples(total, "many-clients")
-    x = rng.standard_normal((total, num_features), dtype=np.float32)
+    _check_total_examples(int(counts.sum()), "many-clients")
     # A per-client shift of the logits gives each client its own label mix.
     client_logit_shift = (
         label_skew * rng.standard_normal((num_clients, num_classes), dtype=np.float32)
     ).astype(np.float32)
-    client_of_row = np.repeat(np.arange(num_clients, dtype=np.int32), counts)
-    y = np.empty(total, np.int32)
-    for start in range(0, total, _LABEL_CHUNK_ROWS):
-        stop = min(start + _LABEL_CHUNK_ROWS, total)
-        logits = x[start:stop] @ true_weights
-        logits += client_logit_shift[client_of_row[start:stop]]
-        y[start:stop] = logits.argmax(axis=1)
-    return pack_arrays({"x": x, "y": y}, counts)
+    for first in range(0, num_clients, _CLIENT_BLOCK):
+        block = slice(first, min(first + _CLIENT_BLOCK, num_clients))
+        block_counts = counts[block]
+        rows = int(block_counts.sum())
+        x = rng.standard_normal((rows, true_weights.shape[0]), dtype=np.float32)
+        logits = x @ true_weights
+        logits += np.repeat(client_logit_shift[block], block_counts, axis=0)
+        yield block_counts, x, logits.argmax(axis=1).astype(np.int32)
 
 
 def many_clients(
@@ -650,6 +655,7 @@ def many_clients(
     label_skew: float = 1.0,
     num_test_clients: int | None = None,
     seed: int = 0,
+    storage: str = "memory",
 ) -> FederatedDataset:
     """A large population of small clients, for population-scaling runs.
 
@@ -669,6 +675,12 @@ def many_clients(
     The test population is `num_test_clients` new clients drawn the same way
     (default: min(num_clients, 1000)), after the training clients.
 
+    With `storage='disk'` the clients are generated block by block into the
+    on-disk cache (`jaxfl.data.cache`; host memory stays one block of 2**18
+    clients) and come back memory-mapped (`HostPopulation`s), the same arrays
+    as in memory: the population for runs larger than device memory (10^7
+    clients of 1-9 examples: 4.2 GB on disk, benchmarks/out_of_core.py).
+
     Args:
       num_clients: training clients N (>= 1; up to millions).
       min_examples: smallest client size (>= 1).
@@ -679,6 +691,8 @@ def many_clients(
       num_test_clients: test clients (>= 1), or None for
         min(num_clients, 1000).
       seed: seed of `numpy.random.default_rng`.
+      storage: 'memory' (device-resident populations) or 'disk'
+        (memory-mapped from the cache).
 
     Returns:
       A `FederatedDataset` named `many-clients` with
@@ -697,33 +711,68 @@ def many_clients(
         num_test_clients = min(num_clients, 1000)
     num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
     seed = _check_seed("seed", seed)
+    if storage not in ("memory", "disk"):
+        raise ValueError(f"storage must be 'memory' or 'disk', got {storage!r}")
+    description = (
+        f"many clients: {num_clients} clients of {min_examples}-"
+        f"{max_examples} examples, {num_features} -> {num_classes} linear "
+        f"teacher, label skew {label_skew:g}, seed {seed}; "
+        f"{num_test_clients} fresh test clients"
+    )
 
-    rng = np.random.default_rng(seed)
-    true_weights = rng.standard_normal(
-        (num_features, num_classes), dtype=np.float32
-    ) / np.float32(math.sqrt(num_features))
-    populations = [
-        _many_clients_population(
-            rng,
-            num_clients=n,
-            min_examples=min_examples,
-            max_examples=max_examples,
-            true_weights=true_weights,
-            label_skew=label_skew,
+    def generate():
+        rng = np.random.default_rng(seed)
+        true_weights = rng.standard_normal(
+            (num_features, num_classes), dtype=np.float32
+        ) / np.float32(math.sqrt(num_features))
+        for name, n in (("train", num_clients), ("test", num_test_clients)):
+            yield name, _many_clients_blocks(
+                rng,
+                num_clients=n,
+                min_examples=min_examples,
+                max_examples=max_examples,
+                true_weights=true_weights,
+                label_skew=label_skew,
+            )
+
+    if storage == "memory":
+        populations = {}
+        for name, blocks in generate():
+            blocks = list(blocks)
+            populations[name] = pack_arrays(
+                {"x": np.concatenate([b[1] for b in blocks]), "y": np.concatenate([b[2] for b in blocks])},
+                np.concatenate([b[0] for b in blocks]),
+            )
+        return FederatedDataset(
+            name="many-clients",
+            train=populations["train"],
+            test=populations["test"],
+            num_classes=num_classes,
+            input_shape=(num_features,),
+            description=description,
         )
-        for n in (num_clients, num_test_clients)
-    ]
-    train, test = populations
+
+    from jaxfl.data.cache import cached_dataset
+
+    def build(builder):
+        for name, blocks in generate():
+            writer = builder.population(name)
+            first = 0
+            for counts, x, y in blocks:
+                names = [str(i) for i in range(first, first + counts.size)]
+                writer.add_block(names, counts, {"x": x, "y": y})
+                first += counts.size
+        return {"num_classes": num_classes, "input_shape": [num_features], "description": description}
+
+    options = dict(num_clients=num_clients, min_examples=min_examples, max_examples=max_examples,
+                   num_features=num_features, num_classes=num_classes, label_skew=label_skew,
+                   num_test_clients=num_test_clients, seed=seed, generator=1)
+    metadata, populations = cached_dataset("many-clients", options, build)
     return FederatedDataset(
         name="many-clients",
-        train=train,
-        test=test,
+        train=populations["train"],
+        test=populations["test"],
         num_classes=num_classes,
         input_shape=(num_features,),
-        description=(
-            f"many clients: {num_clients} clients of {min_examples}-"
-            f"{max_examples} examples, {num_features} -> {num_classes} linear "
-            f"teacher, label skew {label_skew:g}, seed {seed}; "
-            f"{num_test_clients} fresh test clients"
-        ),
+        description=metadata["description"],
     )

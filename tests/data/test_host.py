@@ -208,3 +208,18 @@ def test_gathered_cohort_of_the_wrong_size_is_refused():
     cohort = dataclasses.replace(cohort, num_clients=10)
     with pytest.raises(ValueError, match="gathered cohort has 3 clients"):
         algorithm.round(state, cohort, jax.random.key(0))
+
+
+def test_disk_population_reads_the_same_examples_without_mapping_them():
+    """`storage=disk` gives the in-memory arrays; gathering reads with pread, not the map."""
+    memory = load_dataset("many-clients", num_clients=3000, num_test_clients=10)
+    disk = load_dataset("many-clients", num_clients=3000, num_test_clients=10, storage="disk")
+    assert isinstance(disk.train, HostPopulation) and isinstance(disk.train.features["x"], np.memmap)
+    assert set(disk.train._files) == {"x", "y"}
+    ids = np.random.default_rng(0).choice(3000, 50, replace=False)
+    rows = disk.train.cohort_rows(50)
+    from_disk = disk.train.gather_host(ids, rows)
+    from_memory = HostPopulation.from_device(memory.train).gather_host(ids, rows)
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(from_disk["features"][name], from_memory["features"][name])
+    np.testing.assert_array_equal(from_disk["counts"], from_memory["counts"])

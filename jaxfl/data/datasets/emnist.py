@@ -131,7 +131,7 @@ def emnist(
         raise missing("emnist", "EMNIST files", "(no --data-dir given; EMNIST ships with no package)")
     source_format, sources = _emnist_sources(directory, only_digits)
     num_classes = 10 if only_digits else 62
-    options = {"only_digits": only_digits, "pixels": pixels}
+    options = {"only_digits": only_digits, "pixels": pixels, "max_examples_per_client": cap}
 
     def build(builder):
         statistics = {}
