@@ -70,9 +70,11 @@ def check_partition_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _deal(labels: np.ndarray, num_clients: int, options: Mapping[str, Any], seed: int) -> list[np.ndarray]:
+def _deal(labels: np.ndarray, option: str, options: Mapping[str, Any], seed: int) -> list[np.ndarray]:
+    num_clients = options[option]
     if num_clients > labels.size:
-        raise ValueError(f"num_clients={num_clients} exceeds the {labels.size} examples")
+        split = "training" if option == "num_clients" else "test"
+        raise ValueError(f"{option}={num_clients} exceeds the {labels.size} examples of the {split} split")
     return partitioners.partition(
         options["partition"], labels, num_clients, seed=seed,
         **partitioner_options(options, labels.size, num_clients),
@@ -106,7 +108,7 @@ def write_partitioned(
     seed = options["seed"]
     train_labels = np.asarray(train[label])
     num_classes = int(train_labels.max()) + 1
-    parts = _deal(train_labels, options["num_clients"], options, seed)
+    parts = _deal(train_labels, "num_clients", options, seed)
     if options["test"] == "held-out":
         parts, test_parts = partitioners.split_each_client(parts, options["test_fraction"], seed=seed + 1)
         test_source = train
@@ -116,7 +118,7 @@ def write_partitioned(
         test_source = test
         # An independent stream for the test clients: the training clients do
         # not change with the test options.
-        test_parts = _deal(np.asarray(test[label]), options["num_test_clients"], options, seed + 1)
+        test_parts = _deal(np.asarray(test[label]), "num_test_clients", options, seed + 1)
     statistics = {}
     for name, source, client_parts in (("train", train, parts), ("test", test_source, test_parts)):
         labels = np.asarray(source[label])

