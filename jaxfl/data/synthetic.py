@@ -32,7 +32,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxfl.data.population import (
-    ClientPopulation,
     FederatedDataset,
     pack_arrays,
     pack_clients,

@@ -262,7 +262,8 @@ def place_dataset(dataset: FederatedDataset, residency: str) -> tuple[FederatedD
     for name in ("test", "validation"):
         population = getattr(dataset, name)
         if population is not None:
-            where = choose_residency(population.nbytes, "device" if placement.residency == "device" else "auto")
+            requested = "device" if placement.residency == "device" else "auto"
+            where = choose_residency(population.nbytes, requested)
             placed[name] = place_population(population, where.residency)
     return dataclasses.replace(dataset, **placed), placement
 

@@ -20,8 +20,10 @@ from jaxfl.data.host import HostPopulation
 def _clients(seed=0, num_clients=5):
     rng = np.random.default_rng(seed)
     return [
-        (f"client-{i}", {"x": rng.normal(size=(n, 2, 3)).astype(np.float32),
-                         "y": rng.integers(0, 9, n).astype(np.int32)})
+        (
+            f"client-{i}",
+            {"x": rng.normal(size=(n, 2, 3)).astype(np.float32), "y": rng.integers(0, 9, n).astype(np.int32)},
+        )
         for i, n in enumerate(rng.integers(1, 6, num_clients))
     ]
 
@@ -74,7 +76,9 @@ def test_fingerprint_follows_the_files(tmp_path):
     assert file_fingerprint([source]) != first
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a").write_bytes(b"x")
-    assert [entry[0] for entry in file_fingerprint([tmp_path / "sub"])] == [str((tmp_path / "sub" / "a").resolve())]
+    assert [entry[0] for entry in file_fingerprint([tmp_path / "sub"])] == [
+        str((tmp_path / "sub" / "a").resolve())
+    ]
 
 
 def test_a_failed_conversion_leaves_nothing(tmp_path, monkeypatch):

@@ -28,8 +28,10 @@ def _population(sizes, seed=0, features=3):
     rng = np.random.default_rng(seed)
     total = int(np.sum(sizes))
     return HostPopulation.from_arrays(
-        {"x": rng.normal(size=(total, features)).astype(np.float32),
-         "y": rng.integers(0, 4, total).astype(np.int32)},
+        {
+            "x": rng.normal(size=(total, features)).astype(np.float32),
+            "y": rng.integers(0, 4, total).astype(np.int32),
+        },
         np.asarray(sizes),
     )
 
@@ -42,7 +44,7 @@ def test_gather_packs_the_clients_in_order_and_pads():
     gathered = population.gather_host(ids, rows)
     expected = np.concatenate([population.client(i)["x"] for i in ids])
     np.testing.assert_array_equal(gathered["features"]["x"][: expected.shape[0]], expected)
-    np.testing.assert_array_equal(gathered["features"]["x"][expected.shape[0]:], 0.0)
+    np.testing.assert_array_equal(gathered["features"]["x"][expected.shape[0] :], 0.0)
     np.testing.assert_array_equal(gathered["counts"], [5, 1, 4])
     np.testing.assert_array_equal(gathered["offsets"], [0, 5, 6])
     np.testing.assert_array_equal(gathered["client_ids"], ids)
@@ -137,7 +139,9 @@ def test_round_on_gathered_cohorts_equals_the_device_round(name, strategy):
             for metric in device_metrics:
                 np.testing.assert_allclose(host_metrics[metric], device_metrics[metric], rtol=1e-6, atol=1e-7)
     jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), host_state.params, device_state.params
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+        host_state.params,
+        device_state.params,
     )
     # The cohort on the device is the cohort, not the population.
     assert isinstance(cohort, GatheredCohort)
@@ -166,13 +170,21 @@ def test_several_rounds_per_call_on_gathered_cohorts_and_one_trace():
         for _ in range(2):
             host_state, _ = fused(host_state, stream.next_call(), key)
     assert len(traces) == 1
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), host_state.params, state.params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), host_state.params, state.params
+    )
     assert int(host_state.round) == 6
 
 
 RUN = dict(
-    algorithm="deltafl", dataset="synthetic", dataset_options={"num_clients": 24}, rounds=6, eval_every=3,
-    clients_per_round=5, progress=False, strategy="sharded:sequential",
+    algorithm="deltafl",
+    dataset="synthetic",
+    dataset_options={"num_clients": 24},
+    rounds=6,
+    eval_every=3,
+    clients_per_round=5,
+    progress=False,
+    strategy="sharded:sequential",
 )
 
 
@@ -184,17 +196,25 @@ def test_a_run_and_a_sweep_on_a_host_population_equal_the_device_ones():
         expected_type = HostPopulation if residency == "host" else ClientPopulation
         assert isinstance(run_setup.dataset.train, expected_type)
         run = run_algorithm(run_setup, "deltafl")
-        sweep = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, 1), SweepPoint({"theta": 0.8}, 2)])
+        sweep = run_sweep(
+            run_setup, "deltafl", [SweepPoint({"theta": 0.3}, 1), SweepPoint({"theta": 0.8}, 2)]
+        )
         results[residency] = (run, sweep)
     (run_d, sweep_d), (run_h, sweep_h) = results["device"], results["host"]
     assert run_h.summary["residency"] == "host" and run_d.summary["residency"] == "device"
     for a, b in [(run_h, run_d), *zip(sweep_h, sweep_d, strict=True)]:
-        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a.state.params, b.state.params)
+        jax.tree.map(
+            lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+            a.state.params,
+            b.state.params,
+        )
         for group in ("train_loss", "test_error"):
             for stat, value in b.summary[group].items():
                 assert a.summary[group][stat] == pytest.approx(value, rel=1e-5, abs=1e-7), (group, stat)
         for population in b.clients:
-            np.testing.assert_allclose(a.clients[population]["loss"], b.clients[population]["loss"], rtol=1e-5)
+            np.testing.assert_allclose(
+                a.clients[population]["loss"], b.clients[population]["loss"], rtol=1e-5
+            )
         assert [r["round"] for r in a.history] == [r["round"] for r in b.history]
 
 

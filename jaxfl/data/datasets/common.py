@@ -21,8 +21,15 @@ _TASK_FIELDS = ("num_classes", "input_shape", "input_vocab_size", "description")
 
 def progress_bar(total: int | None, description: str) -> tqdm:
     """A progress bar on stderr for conversions (hidden when stderr is not a terminal)."""
-    return tqdm(total=total, desc=description, unit="client", file=sys.stderr, dynamic_ncols=True,
-                disable=None, leave=False)
+    return tqdm(
+        total=total,
+        desc=description,
+        unit="client",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=None,
+        leave=False,
+    )
 
 
 def check_data_dir(data_dir: str | os.PathLike | None, dataset: str) -> Path | None:
@@ -138,7 +145,9 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1, optional: boo
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}")
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}"
+        )
     return int(value)
 
 

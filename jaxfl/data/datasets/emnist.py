@@ -71,7 +71,10 @@ def _emnist_sources(data_dir: Path, only_digits: bool) -> tuple[str, dict[str, C
     train_fj = find_file(directories, [f"federated_emnist_{fedjax_kind}train.sqlite"])
     test_fj = find_file(directories, [f"federated_emnist_{fedjax_kind}test.sqlite"])
     if train_fj and test_fj:
-        return "FedJAX SQLite", {"train": fedjax_sqlite_source(train_fj), "test": fedjax_sqlite_source(test_fj)}
+        return "FedJAX SQLite", {
+            "train": fedjax_sqlite_source(train_fj),
+            "test": fedjax_sqlite_source(test_fj),
+        }
     wanted = (
         f"fed_emnist_{kind}{{train,test}}.h5, emnist_all.sqlite[.lzma] or "
         f"federated_emnist_{fedjax_kind}{{train,test}}.sqlite"
@@ -94,7 +97,9 @@ def _featurize(features: dict, convention: str, num_classes: int, where: str) ->
     try:
         pixels, labels = features["pixels"], features["label"]
     except KeyError as error:
-        raise DataFileError(f"{where}: no feature {error.args[0]!r} (features: {', '.join(features)})") from None
+        raise DataFileError(
+            f"{where}: no feature {error.args[0]!r} (features: {', '.join(features)})"
+        ) from None
     labels = np.asarray(labels).reshape(-1).astype(np.int32)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataFileError(f"{where}: labels outside [0, {num_classes})")
@@ -138,7 +143,10 @@ def emnist(
         for population, source in sources.items():
             writer = builder.population(population)
             clients = (
-                (client, take_first(_featurize(raw, pixels, num_classes, f"{source.path.name}: {client}"), cap))
+                (
+                    client,
+                    take_first(_featurize(raw, pixels, num_classes, f"{source.path.name}: {client}"), cap),
+                )
                 for client, raw in source.clients()
             )
             write_clients(writer, clients, total=source.total, description=f"emnist {population}")
@@ -153,8 +161,9 @@ def emnist(
             "format": source_format,
         }
 
-    return load_cached("emnist", options, [s.path for s in sources.values()], build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        "emnist", options, [s.path for s in sources.values()], build, converter_version=_CONVERTER_VERSION
+    )
 
 
 def femnist(
@@ -192,9 +201,16 @@ def femnist(
         raise missing("femnist", "LEAF femnist JSON", "(no --data-dir given; FEMNIST ships with no package)")
     splits = find_leaf_splits(directory)
     if split == "published" and not {"train", "test"} <= set(splits):
-        raise ValueError(f"{directory} holds unsplit LEAF data (all_data): choose split=users or split=examples")
-    options = {"pixels": pixels, "min_examples": min_examples, "split": split,
-               "test_fraction": test_fraction, "seed": seed}
+        raise ValueError(
+            f"{directory} holds unsplit LEAF data (all_data): choose split=users or split=examples"
+        )
+    options = {
+        "pixels": pixels,
+        "min_examples": min_examples,
+        "split": split,
+        "test_fraction": test_fraction,
+        "seed": seed,
+    }
 
     def leaf_clients(path):
         for user, record, _ in iter_leaf_users(path):
@@ -224,7 +240,9 @@ def femnist(
             for path in splits.values():
                 for user, features in leaf_clients(path):
                     merged.setdefault(user, []).append(features)
-            users = {u: {k: np.concatenate([f[k] for f in parts]) for k in parts[0]} for u, parts in merged.items()}
+            users = {
+                u: {k: np.concatenate([f[k] for f in parts]) for k in parts[0]} for u, parts in merged.items()
+            }
             users = {u: f for u, f in users.items() if len(f["y"]) >= min_examples}
             if not users:
                 raise DataFileError(f"{directory}: no writer has {min_examples} examples")
@@ -244,7 +262,9 @@ def femnist(
         return {
             "num_classes": 62,
             "input_shape": [28, 28, 1],
-            "description": f"FEMNIST (LEAF JSON, {directory}), split {split}, >= {min_examples} examples per writer",
+            "description": (
+                f"FEMNIST (LEAF JSON, {directory}), split {split}, >= {min_examples} examples per writer"
+            ),
         }
 
     return load_cached("femnist", options, list(splits.values()), build, converter_version=_CONVERTER_VERSION)

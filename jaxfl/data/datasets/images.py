@@ -155,11 +155,21 @@ def fashion_mnist(
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
     """
-    options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
-                   shards_per_client=shards_per_client, sigma=sigma, test=test,
-                   num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
-    return _idx_dataset("fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options,
-                        verify_checksums)
+    options = dict(
+        num_clients=num_clients,
+        partition=partition,
+        alpha=alpha,
+        min_size=min_size,
+        shards_per_client=shards_per_client,
+        sigma=sigma,
+        test=test,
+        num_test_clients=num_test_clients,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
+    return _idx_dataset(
+        "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums
+    )
 
 
 def mnist(
@@ -182,9 +192,18 @@ def mnist(
     60,000 / 10,000 28x28 handwritten digits from the four IDX files in
     `data_dir`. The options are those of `fashion_mnist`.
     """
-    options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
-                   shards_per_client=shards_per_client, sigma=sigma, test=test,
-                   num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
+    options = dict(
+        num_clients=num_clients,
+        partition=partition,
+        alpha=alpha,
+        min_size=min_size,
+        shards_per_client=shards_per_client,
+        sigma=sigma,
+        test=test,
+        num_test_clients=num_test_clients,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return _idx_dataset("mnist", "MNIST", data_dir, [], options, verify_checksums)
 
 
@@ -215,8 +234,9 @@ def _cifar_dataset(
             "statistics": statistics,
         }
 
-    return load_cached(dataset, {**options, "label": label}, [source], build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        dataset, {**options, "label": label}, [source], build, converter_version=_CONVERTER_VERSION
+    )
 
 
 def cifar10(
@@ -239,9 +259,18 @@ def cifar10(
     50,000 / 10,000 32x32 colour images of 10 classes, from the python or
     binary version in `data_dir`. The options are those of `fashion_mnist`.
     """
-    options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
-                   shards_per_client=shards_per_client, sigma=sigma, test=test,
-                   num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
+    options = dict(
+        num_clients=num_clients,
+        partition=partition,
+        alpha=alpha,
+        min_size=min_size,
+        shards_per_client=shards_per_client,
+        sigma=sigma,
+        test=test,
+        num_test_clients=num_test_clients,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return _cifar_dataset("cifar10", 10, data_dir, options, "fine", verify_checksums)
 
 
@@ -272,7 +301,19 @@ def cifar100(
     `fashion_mnist`).
 
     Args:
+      data_dir: where TFF's or the centralized files are.
       label: 'fine' (100 classes) or 'coarse' (20 superclasses).
+      num_clients: training clients N (partitioned).
+      partition: the partitioner (see `fashion_mnist`).
+      alpha: its Dirichlet concentration.
+      min_size: the smallest client of 'dirichlet'.
+      shards_per_client: label shards per client ('shards').
+      sigma: spread of the 'lognormal' sizes.
+      test: 'unseen' or 'held-out' test clients.
+      num_test_clients: test clients ('unseen').
+      test_fraction: share held out per client ('held-out').
+      seed: seed of the partition.
+      verify_checksums: check files that have a published SHA-256.
     """
     from jaxfl.data.datasets.tff_cifar100 import find_tff_cifar100, tff_cifar100
 
@@ -281,7 +322,16 @@ def cifar100(
     checked = check_data_dir(data_dir, "cifar100")
     if checked is not None and find_tff_cifar100(checked) is not None:
         return tff_cifar100(checked, label=label)
-    options = dict(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
-                   shards_per_client=shards_per_client, sigma=sigma, test=test,
-                   num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
+    options = dict(
+        num_clients=num_clients,
+        partition=partition,
+        alpha=alpha,
+        min_size=min_size,
+        shards_per_client=shards_per_client,
+        sigma=sigma,
+        test=test,
+        num_test_clients=num_test_clients,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     return _cifar_dataset("cifar100", 100, data_dir, options, label, verify_checksums)

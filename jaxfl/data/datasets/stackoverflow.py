@@ -77,7 +77,8 @@ def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
         return "FedJAX SQLite", sources
     raise missing(
         "stackoverflow",
-        "stackoverflow_{train,held_out,test}.h5, stackoverflow.sqlite[.lzma] or FedJAX stackoverflow_*.sqlite",
+        "stackoverflow_{train,held_out,test}.h5, stackoverflow.sqlite[.lzma] or "
+        "FedJAX stackoverflow_*.sqlite",
         [data_dir],
     )
 
@@ -85,8 +86,10 @@ def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
 def _posts(features: dict, where: str) -> list[str]:
     if "tokens" not in features:
         raise DataFileError(f"{where}: no 'tokens' feature (features: {', '.join(features)})")
-    return [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-            for t in np.asarray(features["tokens"]).reshape(-1)]
+    return [
+        t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+        for t in np.asarray(features["tokens"]).reshape(-1)
+    ]
 
 
 def next_word_examples(ids_per_post: list[np.ndarray], vocab: WordVocabulary, length: int):
@@ -135,8 +138,9 @@ def stackoverflow(
     source_format, sources = _sources(directory)
     directories = [directory, *sorted(p for p in directory.iterdir() if p.is_dir())]
     word_count = find_file(directories, ["stackoverflow.word_count"])
-    options = dict(vocab_size=vocab_size, sequence_length=sequence_length, layout=layout,
-                   max_examples_per_client=cap)
+    options = dict(
+        vocab_size=vocab_size, sequence_length=sequence_length, layout=layout, max_examples_per_client=cap
+    )
 
     def vocabulary() -> tuple[WordVocabulary, str]:
         if word_count is not None:
@@ -145,7 +149,9 @@ def stackoverflow(
             except (OSError, UnicodeDecodeError) as error:
                 raise DataFileError(f"{word_count}: unreadable ({error})") from None
             try:
-                return WordVocabulary.from_word_count(text, vocab_size), f"top {vocab_size} of {word_count.name}"
+                return WordVocabulary.from_word_count(
+                    text, vocab_size
+                ), f"top {vocab_size} of {word_count.name}"
             except ValueError as error:
                 raise DataFileError(f"{word_count}: {error}") from None
         counts: collections.Counter = collections.Counter()

@@ -33,8 +33,9 @@ def default_tfds_data_dir() -> Path:
 
 def group_by_client(keys: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """`(client name, row indices)` per distinct key, sorted by name; rows keep their order."""
-    names = np.array([k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k) for k in keys],
-                     dtype=object)
+    names = np.array(
+        [k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k) for k in keys], dtype=object
+    )
     unique, inverse = np.unique(names.astype(str), return_inverse=True)
     order = np.argsort(inverse, kind="stable")
     bounds = np.cumsum(np.bincount(inverse, minlength=unique.size))[:-1]
@@ -50,7 +51,8 @@ def _inputs(info: TfdsInfo, split_arrays: dict, label: str, where: str) -> np.nd
         scale = 255.0 if images.dtype == np.uint8 else 1.0
         return (images.astype(np.float32) / np.float32(scale)).astype(np.float32)
     numeric = [
-        name for name, feature in info.features.items()
+        name
+        for name, feature in info.features.items()
         if name != label and feature.kind == "tensor" and np.dtype(feature.dtype).kind in "fiub"
     ]
     if not numeric:
@@ -95,8 +97,16 @@ def tfds_dataset(
       test_split: the split of the test clients (natural clients: the test
         split's own clients; partitioned: see `test`).
       min_examples: natural clients with fewer examples are dropped.
-      The remaining options are the partitioner's (see
-      `jaxfl.data.datasets.images.fashion_mnist`), used without a client key.
+      num_clients: training clients N (partitioned).
+      partition: the partitioner (see `jaxfl.data.datasets.images.fashion_mnist`), used without a client key.
+      alpha: its Dirichlet concentration.
+      min_size: the smallest client of 'dirichlet'.
+      shards_per_client: label shards per client ('shards').
+      sigma: spread of the 'lognormal' sizes.
+      test: 'unseen' or 'held-out' test clients.
+      num_test_clients: test clients ('unseen').
+      test_fraction: share held out per client ('held-out').
+      seed: seed of the partition.
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
@@ -107,21 +117,34 @@ def tfds_dataset(
     where = f"tfds:{info.full_name} in {info.dataset_dir}"
     label = info.label_key
     if label is None:
-        raise DataFileError(f"{where}: no class-label feature to predict (features: {', '.join(info.features)})")
+        raise DataFileError(
+            f"{where}: no class-label feature to predict (features: {', '.join(info.features)})"
+        )
     if client_key == "auto":
         key = info.client_key
     elif client_key == "none":
         key = None
     else:
         if client_key not in info.features:
-            raise ValueError(f"client_key {client_key!r} is not a feature of {info.full_name} "
-                             f"(features: {', '.join(info.features)})")
+            raise ValueError(
+                f"client_key {client_key!r} is not a feature of {info.full_name} "
+                f"(features: {', '.join(info.features)})"
+            )
         key = client_key
     options = dict(client_key=key, train_split=train_split, test_split=test_split, min_examples=min_examples)
     if key is None:
-        options.update(num_clients=num_clients, partition=partition, alpha=alpha, min_size=min_size,
-                       shards_per_client=shards_per_client, sigma=sigma, test=test,
-                       num_test_clients=num_test_clients, test_fraction=test_fraction, seed=seed)
+        options.update(
+            num_clients=num_clients,
+            partition=partition,
+            alpha=alpha,
+            min_size=min_size,
+            shards_per_client=shards_per_client,
+            sigma=sigma,
+            test=test,
+            num_test_clients=num_test_clients,
+            test_fraction=test_fraction,
+            seed=seed,
+        )
 
     def read(split: str) -> dict[str, np.ndarray]:
         wanted = [f for f in (info.image_key, label, key) if f] if info.image_key else None
@@ -158,5 +181,10 @@ def tfds_dataset(
         metadata["statistics"] = statistics
         return metadata
 
-    return load_cached(f"tfds-{info.name}", {"name": info.full_name, **options}, [info.dataset_dir], build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        f"tfds-{info.name}",
+        {"name": info.full_name, **options},
+        [info.dataset_dir],
+        build,
+        converter_version=_CONVERTER_VERSION,
+    )

@@ -37,7 +37,10 @@ def find_tff_cifar100(data_dir: Path) -> tuple[str, dict[str, ClientSource]] | N
         return "TFF HDF5", {"train": tff_hdf5_source(train), "test": tff_hdf5_source(test)}
     sqlite = find_file(directories, ["cifar100.sqlite", "cifar100.sqlite.lzma"])
     if sqlite:
-        return "TFF SQLite", {"train": tff_sqlite_source(sqlite, "train"), "test": tff_sqlite_source(sqlite, "test")}
+        return "TFF SQLite", {
+            "train": tff_sqlite_source(sqlite, "train"),
+            "test": tff_sqlite_source(sqlite, "test"),
+        }
     return None
 
 
@@ -74,5 +77,10 @@ def tff_cifar100(data_dir: Path, *, label: str = "fine") -> FederatedDataset:
             "format": source_format,
         }
 
-    return load_cached("cifar100-tff", {"label": label}, [s.path for s in sources.values()], build,
-                       converter_version=_CONVERTER_VERSION)
+    return load_cached(
+        "cifar100-tff",
+        {"label": label},
+        [s.path for s in sources.values()],
+        build,
+        converter_version=_CONVERTER_VERSION,
+    )
