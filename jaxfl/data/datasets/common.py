@@ -285,3 +285,78 @@ def split_clients_by_name(names: Sequence[str], test_fraction: float, seed: int)
     count = min(max(round(test_fraction * len(names)), 1), max(len(names) - 1, 1))
     chosen = np.random.default_rng(seed).permutation(len(names))[:count]
     return {names[i] for i in chosen}
+
+
+# The archives TFF publishes (storage.googleapis.com/tff-datasets-public) and
+# the files each holds; Keras' `get_file(..., extract=True)` keeps the archive
+# next to what it extracted, so users often have both.
+TFF_ARCHIVES: Mapping[str, tuple[str, ...]] = {
+    "fed_emnist.tar.bz2": ("fed_emnist_train.h5", "fed_emnist_test.h5"),
+    "fed_emnist_digitsonly.tar.bz2": ("fed_emnist_digitsonly_train.h5", "fed_emnist_digitsonly_test.h5"),
+    "shakespeare.tar.bz2": ("shakespeare_train.h5", "shakespeare_test.h5"),
+    "stackoverflow.tar.bz2": ("stackoverflow_train.h5", "stackoverflow_held_out.h5", "stackoverflow_test.h5"),
+    "stackoverflow.word_count.tar.bz2": ("stackoverflow.word_count",),
+    "stackoverflow.tag_count.tar.bz2": ("stackoverflow.tag_count",),
+    "fed_cifar100.tar.bz2": ("fed_cifar100_train.h5", "fed_cifar100_test.h5"),
+}
+
+
+def find_file_or_archive(directories: Sequence[Path], name: str) -> Path | None:
+    """`name` in `directories`, or extracted once from the TFF archive that holds it.
+
+    The archive's SHA-256 is checked against TFF's published one before
+    anything is extracted (`jaxfl.data.formats.checksums`); the members are
+    extracted into the cache (`<cache root>/extracted/<key>/`), atomically.
+    """
+    found = find_file(directories, [name])
+    if found is not None:
+        return found
+    archive_name = next((a for a, members in TFF_ARCHIVES.items() if name in members), None)
+    archive = find_file(directories, [archive_name]) if archive_name else None
+    if archive is None:
+        return None
+    return extract_tff_archive(archive) / name
+
+
+def extract_tff_archive(archive: Path) -> Path:
+    """The directory holding `archive`'s members, extracted (after its checksum) if not yet."""
+    import hashlib
+    import shutil
+    import tarfile
+    import uuid
+
+    from jaxfl.data.cache import cache_root, file_fingerprint
+    from jaxfl.data.formats.checksums import verify_published
+
+    key = hashlib.sha256(repr(file_fingerprint([archive])).encode()).hexdigest()[:16]
+    target = cache_root() / "extracted" / f"{archive.name}-{key}"
+    members = TFF_ARCHIVES[archive.name]
+    if all((target / m).is_file() for m in members):
+        return target
+    verify_published(archive, what=f"TFF {archive.name}")
+    staging = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    staging.mkdir(parents=True)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            wanted = {
+                Path(m.name).name: m for m in tar.getmembers() if m.isfile() and Path(m.name).name in members
+            }
+            absent = [m for m in members if m not in wanted]
+            if absent:
+                raise DataFileError(f"{archive}: has no {', '.join(absent)}")
+            with progress_bar(len(wanted), f"extracting {archive.name}") as bar:
+                for name, member in wanted.items():
+                    source = tar.extractfile(member)
+                    with source, open(staging / name, "wb") as out:
+                        shutil.copyfileobj(source, out, 1 << 20)
+                    bar.update(1)
+    except (tarfile.TarError, EOFError, OSError) as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DataFileError(f"{archive}: unreadable or truncated archive ({error})") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target

@@ -23,6 +23,7 @@ between the two (TFF: 3,400 writers, 671,585 / 77,483 examples; digits:
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from jaxfl.data.datasets.common import (
     check_positive_int,
     fedjax_sqlite_source,
     find_file,
+    find_file_or_archive,
     load_cached,
     missing,
     size_statistics,
@@ -56,8 +58,8 @@ def _emnist_sources(data_dir: Path, only_digits: bool) -> tuple[str, dict[str, C
     """The format found in `data_dir` and its train/test client sources."""
     directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
     kind = "digitsonly_" if only_digits else ""
-    train_h5 = find_file(directories, [f"fed_emnist_{kind}train.h5"])
-    test_h5 = find_file(directories, [f"fed_emnist_{kind}test.h5"])
+    train_h5 = find_file_or_archive(directories, f"fed_emnist_{kind}train.h5")
+    test_h5 = find_file_or_archive(directories, f"fed_emnist_{kind}test.h5")
     if train_h5 and test_h5:
         return "TFF HDF5", {"train": tff_hdf5_source(train_h5), "test": tff_hdf5_source(test_h5)}
     sqlite = find_file(directories, ["emnist_all.sqlite", "emnist_all.sqlite.lzma"])
@@ -142,14 +144,18 @@ def emnist(
         statistics = {}
         for population, source in sources.items():
             writer = builder.population(population)
-            clients = (
-                (
-                    client,
-                    take_first(_featurize(raw, pixels, num_classes, f"{source.path.name}: {client}"), cap),
+            # Closed even on an error (a traceback would keep the file open).
+            with contextlib.closing(source.clients()) as raw_clients:
+                clients = (
+                    (
+                        client,
+                        take_first(
+                            _featurize(raw, pixels, num_classes, f"{source.path.name}: {client}"), cap
+                        ),
+                    )
+                    for client, raw in raw_clients
                 )
-                for client, raw in source.clients()
-            )
-            write_clients(writer, clients, total=source.total, description=f"emnist {population}")
+                write_clients(writer, clients, total=source.total, description=f"emnist {population}")
             statistics[population] = writer.num_clients
         return {
             "num_classes": num_classes,

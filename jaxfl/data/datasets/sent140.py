@@ -29,6 +29,7 @@ Features (`features`):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import zipfile
@@ -112,14 +113,17 @@ def _flat_source(directory: Path) -> tuple[str, list[Path], callable] | None:
 
         def fedjax_users():
             users = {}
-            for client, features in source.clients():
-                texts = np.asarray(features.get("tweet_text", [])).reshape(-1)
-                labels = np.asarray(features.get("tweet_sentiment", [])).reshape(-1)
-                if texts.size != labels.size:
-                    raise DataFileError(f"{fedjax}: client {client!r} lacks tweet_text or tweet_sentiment")
-                users[client] = [
-                    (_text(t), int(_text(s).strip() == "1")) for t, s in zip(texts, labels, strict=True)
-                ]
+            with contextlib.closing(source.clients()) as clients:
+                for client, features in clients:
+                    texts = np.asarray(features.get("tweet_text", [])).reshape(-1)
+                    labels = np.asarray(features.get("tweet_sentiment", [])).reshape(-1)
+                    if texts.size != labels.size:
+                        raise DataFileError(
+                            f"{fedjax}: client {client!r} lacks tweet_text or tweet_sentiment"
+                        )
+                    users[client] = [
+                        (_text(t), int(_text(s).strip() == "1")) for t, s in zip(texts, labels, strict=True)
+                    ]
             return users
 
         return "FedJAX SQLite", [fedjax], fedjax_users

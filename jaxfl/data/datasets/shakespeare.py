@@ -35,6 +35,7 @@ training: the Delta-FL style, LEAF's `-t user`). With TFF or FedJAX files,
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from jaxfl.data.datasets.common import (
     check_positive_int,
     fedjax_sqlite_source,
     find_file,
+    find_file_or_archive,
     load_cached,
     missing,
     progress_bar,
@@ -111,15 +113,16 @@ def _snippet_sources(
 
     def snippets_of(source):
         def clients():
-            for client, features in source.clients():
-                if "snippets" not in features:
-                    raise DataFileError(f"{source.path}: client {client!r} has no 'snippets' feature")
-                yield client, [_text(s) for s in np.asarray(features["snippets"]).reshape(-1)]
+            with contextlib.closing(source.clients()) as raw_clients:
+                for client, features in raw_clients:
+                    if "snippets" not in features:
+                        raise DataFileError(f"{source.path}: client {client!r} has no 'snippets' feature")
+                    yield client, [_text(s) for s in np.asarray(features["snippets"]).reshape(-1)]
 
         return clients
 
-    train_h5 = find_file(directories, ["shakespeare_train.h5"])
-    test_h5 = find_file(directories, ["shakespeare_test.h5"])
+    train_h5 = find_file_or_archive(directories, "shakespeare_train.h5")
+    test_h5 = find_file_or_archive(directories, "shakespeare_test.h5")
     if train_h5 and test_h5:
         sources = {"train": tff_hdf5_source(train_h5), "test": tff_hdf5_source(test_h5)}
         return "TFF HDF5", {k: snippets_of(v) for k, v in sources.items()}, [train_h5, test_h5]

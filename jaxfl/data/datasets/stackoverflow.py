@@ -28,6 +28,7 @@ examples are made.
 from __future__ import annotations
 
 import collections
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,14 @@ from jaxfl.data.datasets.common import (
     check_positive_int,
     fedjax_sqlite_source,
     find_file,
+    find_file_or_archive,
     load_cached,
     missing,
     progress_bar,
     size_statistics,
     tff_hdf5_source,
     tff_sqlite_source,
+    tff_sqlite_splits,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
@@ -56,7 +59,9 @@ LAYOUTS = ("next-word", "sequence")
 
 def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
     directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
-    h5 = {s: find_file(directories, [f"stackoverflow_{s}.h5"]) for s in ("train", "held_out", "test")}
+    h5 = {
+        s: find_file_or_archive(directories, f"stackoverflow_{s}.h5") for s in ("train", "held_out", "test")
+    }
     if h5["train"] and h5["test"]:
         sources = {"train": tff_hdf5_source(h5["train"]), "test": tff_hdf5_source(h5["test"])}
         if h5["held_out"]:
@@ -64,11 +69,10 @@ def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
         return "TFF HDF5", sources
     sqlite = find_file(directories, ["stackoverflow.sqlite", "stackoverflow.sqlite.lzma"])
     if sqlite:
-        return "TFF SQLite", {
-            "train": tff_sqlite_source(sqlite, "train"),
-            "test": tff_sqlite_source(sqlite, "test"),
-            "validation": tff_sqlite_source(sqlite, "heldout"),
-        }
+        sources = {"train": tff_sqlite_source(sqlite, "train"), "test": tff_sqlite_source(sqlite, "test")}
+        if "heldout" in tff_sqlite_splits(sqlite):
+            sources["validation"] = tff_sqlite_source(sqlite, "heldout")
+        return "TFF SQLite", sources
     fj = {s: find_file(directories, [f"stackoverflow_{s}.sqlite"]) for s in ("train", "held_out", "test")}
     if fj["train"] and fj["test"]:
         sources = {"train": fedjax_sqlite_source(fj["train"]), "test": fedjax_sqlite_source(fj["test"])}
@@ -137,7 +141,7 @@ def stackoverflow(
         raise missing("stackoverflow", "StackOverflow files", "(no --data-dir given)")
     source_format, sources = _sources(directory)
     directories = [directory, *sorted(p for p in directory.iterdir() if p.is_dir())]
-    word_count = find_file(directories, ["stackoverflow.word_count"])
+    word_count = find_file_or_archive(directories, "stackoverflow.word_count")
     options = dict(
         vocab_size=vocab_size, sequence_length=sequence_length, layout=layout, max_examples_per_client=cap
     )
@@ -156,8 +160,11 @@ def stackoverflow(
                 raise DataFileError(f"{word_count}: {error}") from None
         counts: collections.Counter = collections.Counter()
         source = sources["train"]
-        with progress_bar(source.total, "stackoverflow: counting words") as bar:
-            for client, features in source.clients():
+        with (
+            progress_bar(source.total, "stackoverflow: counting words") as bar,
+            contextlib.closing(source.clients()) as clients,
+        ):
+            for client, features in clients:
                 bar.update(1)
                 for post in _posts(features, f"{source.path}: {client}")[:cap]:
                     counts.update(post.split(" "))
@@ -171,8 +178,11 @@ def stackoverflow(
         for population, source in sources.items():
             writer = builder.population(population)
             counts = []
-            with progress_bar(source.total, f"stackoverflow {population} clients") as bar:
-                for client, features in source.clients():
+            with (
+                progress_bar(source.total, f"stackoverflow {population} clients") as bar,
+                contextlib.closing(source.clients()) as clients,
+            ):
+                for client, features in clients:
                     bar.update(1)
                     posts = _posts(features, f"{source.path}: {client}")[:cap]
                     if not posts:

@@ -11,6 +11,7 @@ them as published, from `fed_cifar100_{train,test}.h5` or
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     find_file,
+    find_file_or_archive,
     load_cached,
     tff_hdf5_source,
     tff_sqlite_source,
@@ -31,8 +33,8 @@ _CONVERTER_VERSION = 1
 
 def find_tff_cifar100(data_dir: Path) -> tuple[str, dict[str, ClientSource]] | None:
     directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
-    train = find_file(directories, ["fed_cifar100_train.h5"])
-    test = find_file(directories, ["fed_cifar100_test.h5"])
+    train = find_file_or_archive(directories, "fed_cifar100_train.h5")
+    test = find_file_or_archive(directories, "fed_cifar100_test.h5")
     if train and test:
         return "TFF HDF5", {"train": tff_hdf5_source(train), "test": tff_hdf5_source(test)}
     sqlite = find_file(directories, ["cifar100.sqlite", "cifar100.sqlite.lzma"])
@@ -68,8 +70,9 @@ def tff_cifar100(data_dir: Path, *, label: str = "fine") -> FederatedDataset:
     def build(builder):
         for population, source in sources.items():
             writer = builder.population(population)
-            clients = ((c, _featurize(f, label, f"{source.path.name}: {c}")) for c, f in source.clients())
-            write_clients(writer, clients, total=source.total, description=f"cifar100 {population}")
+            with contextlib.closing(source.clients()) as raw_clients:
+                clients = ((c, _featurize(f, label, f"{source.path.name}: {c}")) for c, f in raw_clients)
+                write_clients(writer, clients, total=source.total, description=f"cifar100 {population}")
         return {
             "num_classes": 100 if label == "fine" else 20,
             "input_shape": [32, 32, 3],
