@@ -52,6 +52,26 @@ def _rss() -> dict[str, float]:
     return fields
 
 
+def _evict(population) -> None:
+    """Drops the population's files from the page cache (clean pages; no root needed)."""
+    for array in population.features.values():
+        if getattr(array, "filename", None):
+            fd = os.open(array.filename, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _warm(population) -> None:
+    """Reads the population's files once, so that the page cache holds them."""
+    for array in population.features.values():
+        if getattr(array, "filename", None):
+            with open(array.filename, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
 def worker(args) -> dict:
     from jaxfl.xla_cpu import configure_cpu
 
@@ -59,7 +79,13 @@ def worker(args) -> dict:
     import jax
 
     from jaxfl.experiment.config import make_config
-    from jaxfl.experiment.runner import compile_rounds, rounds_per_call, setup, training_loop
+    from jaxfl.experiment.runner import (
+        compile_rounds,
+        rounds_per_call,
+        setup,
+        training_input,
+        training_loop,
+    )
     from jaxfl.training.host_cohorts import CohortStream
 
     start = time.perf_counter()
@@ -82,27 +108,23 @@ def worker(args) -> dict:
             "batch_size": 10,
             "lr": 0.1,
             "progress": False,
+            "seed": args.seed,
         }
     )
     run_setup = setup(config)
     load_s = time.perf_counter() - start
+    if args.page_cache == "cold":
+        _evict(run_setup.dataset.train)
+    else:
+        _warm(run_setup.dataset.train)
     engine = run_setup.engine
     strategy = engine.strategy
     algorithm = run_setup.algorithms["fedavg"]
-    init_key, run_key = jax.random.split(jax.random.key(0))
+    init_key, run_key = jax.random.split(jax.random.key(config.seed))
     state = strategy.replicate(algorithm.init(engine.task.model.init(init_key), run_setup.hparams["fedavg"]))
     fused = rounds_per_call(strategy, config.rounds, config.eval_every)
-    on_host = args.residency == "host"
-    if on_host:
-        train = CohortStream(
-            run_setup.dataset.train,
-            run_key,
-            engine.clients_per_round,
-            rounds_per_call=fused,
-            place=strategy.replicate,
-        )
-    else:
-        train = strategy.replicate(run_setup.dataset.train)
+    train = training_input(run_setup, run_key, fused)
+    on_host = isinstance(train, CohortStream)
     round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=on_host)
     samples = []
 
@@ -117,10 +139,11 @@ def worker(args) -> dict:
         round_fn, state, train, run_key, config, strategy, lambda *a: None, Progress(), fused
     )
     jax.block_until_ready(state)
-    if on_host:
-        train.close()
     return {
-        "config": f"{'host' if on_host else 'device'}-{args.clients}",
+        "config": f"{'host' if on_host else 'device'}-{args.clients}"
+        + ("-cold" if on_host and args.page_cache == "cold" else ""),
+        "page_cache": args.page_cache,
+        "seed": args.seed,
         "clients": args.clients,
         "examples": run_setup.dataset.train.num_examples,
         "population_mib": run_setup.dataset.train.nbytes / 2**20,
@@ -146,11 +169,18 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--residency", default="host", help=argparse.SUPPRESS)
+    parser.add_argument("--page-cache", default="warm", choices=("warm", "cold"), help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         return
-    runs = [("host", args.clients), ("device", args.small), ("host", args.small)]
+    runs = [
+        ("host", args.clients, False),
+        ("host", args.clients, True),
+        ("device", args.small, False),
+        ("host", args.small, False),
+    ]
     header = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
@@ -159,7 +189,7 @@ def main(argv=None) -> None:
     print(json.dumps(header), flush=True)
     results = []
     for repeat in range(args.repeats):
-        for residency, clients in runs:
+        for residency, clients, cold in runs:
             command = [
                 sys.executable,
                 __file__,
@@ -170,6 +200,10 @@ def main(argv=None) -> None:
                 str(clients),
                 "--rounds",
                 str(args.rounds),
+                "--seed",
+                str(repeat),
+                "--page-cache",
+                "cold" if cold else "warm",
             ]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -192,6 +226,8 @@ def main(argv=None) -> None:
     summary = {
         "summary": medians,
         "host_large_over_device_small": medians[f"host-{args.clients}"] / medians[f"device-{args.small}"],
+        "host_large_cold_over_device_small": medians[f"host-{args.clients}-cold"]
+        / medians[f"device-{args.small}"],
         "host_small_over_device_small": medians[f"host-{args.small}"] / medians[f"device-{args.small}"],
         "loadavg_end": os.getloadavg(),
     }

@@ -1,8 +1,16 @@
-"""Federated data: packed client populations and dataset generators."""
+"""Federated data: packed client populations, real and synthetic datasets, partitioners.
 
+`load_dataset(name, data_dir=..., **options)` loads any dataset of the
+registry (`jaxfl list`, docs/datasets.md); `jaxfl.data.partition` splits
+labelled arrays over clients; `jaxfl.data.formats` reads the file formats.
+"""
+
+from jaxfl.data.errors import DataFileError, MissingDataError
+from jaxfl.data.host import HostPopulation
 from jaxfl.data.population import (
     ClientPopulation,
     FederatedDataset,
+    GatheredCohort,
     pack_arrays,
     pack_clients,
 )
@@ -10,6 +18,7 @@ from jaxfl.data.registry import (
     DATASETS,
     dataset_names,
     dataset_options,
+    dataset_run_defaults,
     load_dataset,
 )
 from jaxfl.data.synthetic import (
@@ -22,9 +31,14 @@ from jaxfl.data.synthetic import (
 __all__ = [
     "DATASETS",
     "ClientPopulation",
+    "DataFileError",
     "FederatedDataset",
+    "GatheredCohort",
+    "HostPopulation",
+    "MissingDataError",
     "dataset_names",
     "dataset_options",
+    "dataset_run_defaults",
     "fedprox_synthetic",
     "label_shift",
     "load_dataset",

@@ -742,36 +742,28 @@ def many_clients(
                 {"x": np.concatenate([b[1] for b in blocks]), "y": np.concatenate([b[2] for b in blocks])},
                 np.concatenate([b[0] for b in blocks]),
             )
-        return FederatedDataset(
-            name="many-clients",
-            train=populations["train"],
-            test=populations["test"],
-            num_classes=num_classes,
-            input_shape=(num_features,),
-            description=description,
-        )
+    else:
+        from jaxfl.data.cache import cached_dataset
 
-    from jaxfl.data.cache import cached_dataset
+        def build(builder):
+            for name, blocks in generate():
+                writer = builder.population(name)
+                first = 0
+                for counts, x, y in blocks:
+                    names = [str(i) for i in range(first, first + counts.size)]
+                    writer.add_block(names, counts, {"x": x, "y": y})
+                    first += counts.size
+            return {"num_classes": num_classes, "input_shape": [num_features], "description": description}
 
-    def build(builder):
-        for name, blocks in generate():
-            writer = builder.population(name)
-            first = 0
-            for counts, x, y in blocks:
-                names = [str(i) for i in range(first, first + counts.size)]
-                writer.add_block(names, counts, {"x": x, "y": y})
-                first += counts.size
-        return {"num_classes": num_classes, "input_shape": [num_features], "description": description}
-
-    options = dict(num_clients=num_clients, min_examples=min_examples, max_examples=max_examples,
-                   num_features=num_features, num_classes=num_classes, label_skew=label_skew,
-                   num_test_clients=num_test_clients, seed=seed, generator=1)
-    metadata, populations = cached_dataset("many-clients", options, build)
+        options = dict(num_clients=num_clients, min_examples=min_examples, max_examples=max_examples,
+                       num_features=num_features, num_classes=num_classes, label_skew=label_skew,
+                       num_test_clients=num_test_clients, seed=seed, generator=1)
+        _, populations = cached_dataset("many-clients", options, build)
     return FederatedDataset(
         name="many-clients",
         train=populations["train"],
         test=populations["test"],
         num_classes=num_classes,
         input_shape=(num_features,),
-        description=metadata["description"],
+        description=description,
     )

@@ -426,6 +426,28 @@ def compile_rounds(round_fn: Callable, num_rounds: int, *, cohort_per_round: boo
     return jax.jit(rounds, donate_argnums=0)
 
 
+def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int) -> Any:
+    """What each compiled call receives as its population.
+
+    The training clients replicated as the strategy lays them out, or, for a
+    host-resident population, the `CohortStream` that gathers each call's
+    cohorts (one per run key when `run_keys` is a batch, as in sweeps).
+    Compile the round with `cohort_per_round=isinstance(result, CohortStream)`;
+    `training_loop` closes the stream.
+    """
+    train = run_setup.dataset.train
+    strategy = run_setup.engine.strategy
+    if isinstance(train, HostPopulation):
+        return CohortStream(
+            train,
+            run_keys,
+            run_setup.engine.clients_per_round,
+            rounds_per_call=num_rounds_per_call,
+            place=strategy.replicate,
+        )
+    return strategy.replicate(train)
+
+
 def training_loop(
     round_fn: Callable,
     state: Any,
@@ -449,6 +471,16 @@ def training_loop(
     """
     if config.rounds % rounds_per_call or config.eval_every % rounds_per_call:
         raise ValueError(f"rounds_per_call {rounds_per_call} must divide rounds and eval_every")
+    try:
+        return _training_loop(
+            round_fn, state, train, keys, config, strategy, on_evaluate, progress, rounds_per_call
+        )
+    finally:
+        if isinstance(train, CohortStream):
+            train.close()
+
+
+def _training_loop(round_fn, state, train, keys, config, strategy, on_evaluate, progress, rounds_per_call):
     sync = must_sync_each_round(strategy)
     evaluation_s = compile_s = 0.0
     loop_start = time.perf_counter()
@@ -500,18 +532,8 @@ def run_algorithm(
     params = engine.task.model.init(init_key)
     state = strategy.replicate(algorithm.init(params, run_setup.hparams[name]))
     fused = rounds_per_call(strategy, config.rounds, config.eval_every)
-    on_host = isinstance(run_setup.dataset.train, HostPopulation)
-    if on_host:
-        train = CohortStream(
-            run_setup.dataset.train,
-            run_key,
-            engine.clients_per_round,
-            rounds_per_call=fused,
-            place=strategy.replicate,
-        )
-    else:
-        train = strategy.replicate(run_setup.dataset.train)
-    round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=on_host)
+    train = training_input(run_setup, run_key, fused)
+    round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=isinstance(train, CohortStream))
     evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
 
     history: list[dict[str, Any]] = []
@@ -532,13 +554,9 @@ def run_algorithm(
         if progress is not None:
             progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
 
-    try:
-        state, timing = training_loop(
-            round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
-        )
-    finally:
-        if on_host:
-            train.close()
+    state, timing = training_loop(
+        round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
+    )
     summaries, clients = latest["summaries"], latest["clients"]
     compile_s, train_s, evaluation_s = timing.compile_s, timing.train_s, timing.evaluation_s
     summary = {

@@ -32,13 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.data.host import HostPopulation
 from jaxfl.experiment.runner import (
     RunResult,
     Setup,
     compile_rounds,
     make_evaluator,
     rounds_per_call,
+    training_input,
     training_loop,
 )
 from jaxfl.training.host_cohorts import CohortStream
@@ -172,15 +172,8 @@ def run_sweep(
     states = engine.strategy.replicate(stack([state for state, _ in starts]))
     keys = jnp.stack([key for _, key in starts])
     fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
-    on_host = isinstance(run_setup.dataset.train, HostPopulation)
-    if on_host:
-        train = CohortStream(
-            run_setup.dataset.train, keys, engine.clients_per_round,
-            rounds_per_call=fused, place=engine.strategy.replicate,
-        )
-    else:
-        train = engine.strategy.replicate(run_setup.dataset.train)
-    round_fn = batched_round(algorithm.round, fused, on_host)
+    train = training_input(run_setup, keys, fused)
+    round_fn = batched_round(algorithm.round, fused, isinstance(train, CohortStream))
     evaluate = batched_evaluator(run_setup)
 
     histories: list[list[dict[str, Any]]] = [[] for _ in points]
@@ -214,13 +207,9 @@ def run_sweep(
             if on_evaluation is not None:
                 on_evaluation(g, record)
 
-    try:
-        states, timing = training_loop(
-            round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
-        )
-    finally:
-        if on_host:
-            train.close()
+    states, timing = training_loop(
+        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
+    )
     compile_s = timing.compile_s
     results = []
     for g, point in enumerate(points):

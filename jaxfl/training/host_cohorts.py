@@ -64,6 +64,9 @@ class CohortStream:
       rounds_per_call: rounds each compiled call runs.
       first_round: the round index of the first call's first round.
       place: applied to each call's cohorts (default: `jax.device_put`).
+      read_ahead: calls whose clients are asked from disk ahead of time
+        (`HostPopulation.prefetch`), for populations whose file is not in
+        the page cache.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class CohortStream:
         rounds_per_call: int = 1,
         first_round: int = 0,
         place: Callable[[Any], Any] | None = None,
+        read_ahead: int = 4,
     ):
         self.population = population
         self.run_key = run_key
@@ -83,22 +87,38 @@ class CohortStream:
         self.rounds_per_call = rounds_per_call
         self.num_rows = population.cohort_rows(clients_per_round)
         self.place = place or jax.device_put
+        self.read_ahead = read_ahead
         self._next_round = first_round
+        self._ids: dict[int, np.ndarray] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxfl-cohorts")
         self._pending = self._executor.submit(self._prepare, self._next_round)
 
+    def _cohort_ids(self, first_round: int) -> np.ndarray:
+        """`[K, G, M]` the ids of the call starting at `first_round` (computed once)."""
+        if first_round not in self._ids:
+            sample = functools.partial(
+                sampled_cohorts,
+                first_round=jnp.asarray(first_round, jnp.int32),
+                num_rounds=self.rounds_per_call,
+                num_clients=self.population.num_clients,
+                clients_per_round=self.clients_per_round,
+            )
+            if self.batched:
+                self._ids[first_round] = np.stack([np.asarray(sample(key)) for key in self.run_key], axis=1)
+            else:
+                self._ids[first_round] = np.asarray(sample(self.run_key))[:, None]
+        return self._ids[first_round]
+
     def _prepare(self, first_round: int) -> Any:
-        sample = functools.partial(
-            sampled_cohorts,
-            first_round=jnp.asarray(first_round, jnp.int32),
-            num_rounds=self.rounds_per_call,
-            num_clients=self.population.num_clients,
-            clients_per_round=self.clients_per_round,
-        )
-        if self.batched:
-            ids = np.stack([np.asarray(sample(key)) for key in self.run_key], axis=1)  # [K, G, M]
-        else:
-            ids = np.asarray(sample(self.run_key))[:, None]  # [K, 1, M]
+        ids = self._cohort_ids(first_round)
+        # The calls after this one start reading from disk now (a hint the
+        # kernel serves asynchronously), so that their gathers find the page
+        # cache warm even when the population is far larger than memory.
+        for ahead in range(1, self.read_ahead + 1):
+            later = first_round + ahead * self.rounds_per_call
+            if later not in self._ids:
+                self.population.prefetch(self._cohort_ids(later))
+        self._ids.pop(first_round)
         gathered = [
             [self.population.gather_host(point_ids, self.num_rows) for point_ids in round_ids]
             for round_ids in ids

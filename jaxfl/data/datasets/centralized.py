@@ -40,6 +40,11 @@ PARTITION_DEFAULTS: Mapping[str, Any] = {
 }
 
 
+def partition_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The shared partition options out of a loader's arguments (`locals()`)."""
+    return {name: values[name] for name in PARTITION_DEFAULTS}
+
+
 def partitioner_options(options: Mapping[str, Any], num_examples: int, num_clients: int) -> dict[str, Any]:
     """The keyword arguments of the chosen partitioner, from the dataset's options."""
     name = options["partition"]

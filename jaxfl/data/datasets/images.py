@@ -27,7 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, partition_summary, write_partitioned
+from jaxfl.data.datasets.centralized import (
+    PARTITION_DEFAULTS,
+    partition_options,
+    partition_summary,
+    write_partitioned,
+)
 from jaxfl.data.datasets.common import check_data_dir, find_file, load_cached, missing, search_directories
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.checksums import verify_published
@@ -155,18 +160,7 @@ def fashion_mnist(
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
     """
-    options = dict(
-        num_clients=num_clients,
-        partition=partition,
-        alpha=alpha,
-        min_size=min_size,
-        shards_per_client=shards_per_client,
-        sigma=sigma,
-        test=test,
-        num_test_clients=num_test_clients,
-        test_fraction=test_fraction,
-        seed=seed,
-    )
+    options = partition_options(locals())
     return _idx_dataset(
         "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums
     )
@@ -192,18 +186,7 @@ def mnist(
     60,000 / 10,000 28x28 handwritten digits from the four IDX files in
     `data_dir`. The options are those of `fashion_mnist`.
     """
-    options = dict(
-        num_clients=num_clients,
-        partition=partition,
-        alpha=alpha,
-        min_size=min_size,
-        shards_per_client=shards_per_client,
-        sigma=sigma,
-        test=test,
-        num_test_clients=num_test_clients,
-        test_fraction=test_fraction,
-        seed=seed,
-    )
+    options = partition_options(locals())
     return _idx_dataset("mnist", "MNIST", data_dir, [], options, verify_checksums)
 
 
@@ -259,18 +242,7 @@ def cifar10(
     50,000 / 10,000 32x32 colour images of 10 classes, from the python or
     binary version in `data_dir`. The options are those of `fashion_mnist`.
     """
-    options = dict(
-        num_clients=num_clients,
-        partition=partition,
-        alpha=alpha,
-        min_size=min_size,
-        shards_per_client=shards_per_client,
-        sigma=sigma,
-        test=test,
-        num_test_clients=num_test_clients,
-        test_fraction=test_fraction,
-        seed=seed,
-    )
+    options = partition_options(locals())
     return _cifar_dataset("cifar10", 10, data_dir, options, "fine", verify_checksums)
 
 
@@ -322,16 +294,5 @@ def cifar100(
     checked = check_data_dir(data_dir, "cifar100")
     if checked is not None and find_tff_cifar100(checked) is not None:
         return tff_cifar100(checked, label=label)
-    options = dict(
-        num_clients=num_clients,
-        partition=partition,
-        alpha=alpha,
-        min_size=min_size,
-        shards_per_client=shards_per_client,
-        sigma=sigma,
-        test=test,
-        num_test_clients=num_test_clients,
-        test_fraction=test_fraction,
-        seed=seed,
-    )
+    options = partition_options(locals())
     return _cifar_dataset("cifar100", 100, data_dir, options, label, verify_checksums)

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, partition_summary, write_partitioned
+from jaxfl.data.datasets.centralized import (
+    PARTITION_DEFAULTS,
+    partition_options,
+    partition_summary,
+    write_partitioned,
+)
 from jaxfl.data.datasets.common import check_positive_int, load_cached, progress_bar
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.tfds_source import TfdsInfo, read_tfds, tfds_info
@@ -133,18 +138,7 @@ def tfds_dataset(
         key = client_key
     options = dict(client_key=key, train_split=train_split, test_split=test_split, min_examples=min_examples)
     if key is None:
-        options.update(
-            num_clients=num_clients,
-            partition=partition,
-            alpha=alpha,
-            min_size=min_size,
-            shards_per_client=shards_per_client,
-            sigma=sigma,
-            test=test,
-            num_test_clients=num_test_clients,
-            test_fraction=test_fraction,
-            seed=seed,
-        )
+        options.update(partition_options(locals()))
 
     def read(split: str) -> dict[str, np.ndarray]:
         wanted = [f for f in (info.image_key, label, key) if f] if info.image_key else None
