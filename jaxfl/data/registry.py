@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from jaxfl.data.datasets.emnist import emnist, femnist
+from jaxfl.data.datasets.common import check_data_dir
 from jaxfl.data.datasets.images import DEBIAN_FASHION_MNIST, cifar10, cifar100, fashion_mnist, mnist
+from jaxfl.data.datasets.leaf_synthetic import leaf_synthetic
 from jaxfl.data.datasets.sent140 import sent140
 from jaxfl.data.datasets.shakespeare import shakespeare
 from jaxfl.data.datasets.stackoverflow import stackoverflow
@@ -67,6 +69,8 @@ class DatasetSpec:
         where a run does not set them: at least its default model.
       status: says whether the data is here without `--data-dir` (for
         `jaxfl list`); None for generated data.
+      from_files: for a generated dataset, a loader of the same dataset's
+        published files in `--data-dir` (which then takes no options).
     """
 
     generator: Callable[..., FederatedDataset]
@@ -76,6 +80,7 @@ class DatasetSpec:
     source: str = GENERATED
     run_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     status: Callable[[], str] | None = None
+    from_files: Callable[[Path], FederatedDataset] | None = None
 
     @property
     def reads_files(self) -> bool:
@@ -135,6 +140,8 @@ DATASETS: Mapping[str, DatasetSpec] = {
         defaults={"alpha": 1.0, "beta": 1.0},
         fixed={"iid": False},
         run_defaults={"model": "linear"},
+        source="generated (NumPy, seeded); or --data-dir with FedProx's/LEAF's published JSON",
+        from_files=leaf_synthetic,
     ),
     "synthetic-iid": DatasetSpec(
         generator=fedprox_synthetic,
@@ -143,6 +150,8 @@ DATASETS: Mapping[str, DatasetSpec] = {
         # thinks they change anything.
         fixed={"iid": True, "alpha": 0.0, "beta": 0.0},
         run_defaults={"model": "linear"},
+        source="generated (NumPy, seeded); or --data-dir with FedProx's published JSON",
+        from_files=leaf_synthetic,
     ),
     "peer-benchmark": DatasetSpec(
         generator=peer_benchmark,
@@ -354,9 +363,17 @@ def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> F
     arguments = {**valid, **options, **spec.fixed, **given}
     if spec.reads_files:
         arguments["data_dir"] = data_dir
+    elif data_dir is not None and spec.from_files is not None:
+        if options:
+            raise ValueError(
+                f"dataset {name!r} read from --data-dir takes no options ({', '.join(sorted(options))} "
+                "set the generator)"
+            )
     elif data_dir is not None:
         raise ValueError(f"dataset {name!r} is generated and reads no files; drop --data-dir")
     try:
+        if data_dir is not None and spec.from_files is not None:
+            return spec.from_files(check_data_dir(data_dir, name))
         return spec.generator(**arguments)
     except ValueError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
