@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxfl.data.datasets.emnist import emnist, femnist
 from jaxfl.data.datasets.common import check_data_dir
+from jaxfl.data.datasets.emnist import emnist, femnist
 from jaxfl.data.datasets.images import DEBIAN_FASHION_MNIST, cifar10, cifar100, fashion_mnist, mnist
 from jaxfl.data.datasets.leaf_synthetic import leaf_synthetic
 from jaxfl.data.datasets.sent140 import sent140

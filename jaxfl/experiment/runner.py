@@ -174,6 +174,13 @@ def setup(config: RunConfig) -> Setup:
             f"clients_per_round must be in [1, {num_train}] (the training clients "
             f"of {config.dataset}), got {config.clients_per_round}"
         )
+    target_shape = tuple(dataset.train.features["y"].shape[1:]) if "y" in dataset.train.features else ()
+    if target_shape:
+        raise ConfigError(
+            f"dataset {config.dataset}: each example has {list(target_shape)} targets (a sequence layout) "
+            "and the models predict one label per example; choose a one-label layout (e.g. "
+            "--dataset-option layout=next-char)"
+        )
     try:
         model = make_model(
             config.model,

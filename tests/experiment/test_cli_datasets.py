@@ -180,6 +180,10 @@ def test_list_shows_every_dataset_with_its_source(capsys):
         (["--dataset", "shakespeare", "--dataset-option", "layout=words"], ["layout", "next-char"]),
         (["--dataset", "fashion-mnist", "--dataset-option", "partition=random"], ["partition", "dirichlet"]),
         (["--residency", "gpu"], ["residency", "auto"]),
+        (
+            ["--dataset", "shakespeare", "--dataset-option", "layout=sequence"],
+            ["[80] targets", "layout=next-char"],
+        ),
     ],
 )
 def test_missing_files_and_bad_options_are_refused_in_one_line(args, words, tmp_path, capsys):

@@ -28,7 +28,9 @@ def leaf_synthetic(data_dir: Path, *, name: str = "synthetic") -> FederatedDatas
     """The Synthetic dataset in `data_dir` (FedProx's or LEAF's JSON), train and test users as published."""
     splits = find_leaf_splits(data_dir)
     if not {"train", "test"} <= set(splits):
-        raise DataFileError(f"{data_dir}: needs LEAF's train/ and test/ JSON directories (found {sorted(splits)})")
+        raise DataFileError(
+            f"{data_dir}: needs LEAF's train/ and test/ JSON directories (found {sorted(splits)})"
+        )
 
     def users(path):
         for user, record, _ in iter_leaf_users(path):
@@ -38,7 +40,9 @@ def leaf_synthetic(data_dir: Path, *, name: str = "synthetic") -> FederatedDatas
             except (TypeError, ValueError) as error:
                 raise DataFileError(f"{path}: user {user!r}: x must be lists of numbers ({error})") from None
             if x.ndim != 2 or y.ndim != 1:
-                raise DataFileError(f"{path}: user {user!r}: x must be a list of equal-length lists of numbers")
+                raise DataFileError(
+                    f"{path}: user {user!r}: x must be a list of equal-length lists of numbers"
+                )
             yield user, {"x": x, "y": y}
 
     def build(builder):

@@ -319,7 +319,12 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
     length, stride = options["sequence_length"], options["stride"]
 
     def encode(user, record, where):
-        # LEAF's windows start one character apart: every `stride`-th is kept.
+        # A user's text is its first window and then one character per window
+        # (LEAF's windows start one character apart): `min_chars` applies to it.
+        text_chars = len(_text(record["x"][0])) + len(record["x"]) if record["x"] else 0
+        if text_chars < options["min_chars"]:
+            return None
+        # Every `stride`-th window is kept.
         windows = [_text(x) for x in record["x"]][::stride]
         targets = [_text(c) for c in record["y"]][::stride]
         if any(len(w) < length for w in windows):

@@ -13,7 +13,12 @@ from jaxfl.data.errors import DataFileError
 
 def _users(rng, sizes, dim=6, classes=4):
     return [
-        (f"f_{i:05d}", rng.normal(size=(n, dim)).round(4).tolist(), rng.integers(0, classes, n).tolist(), None)
+        (
+            f"f_{i:05d}",
+            rng.normal(size=(n, dim)).round(4).tolist(),
+            rng.integers(0, classes, n).tolist(),
+            None,
+        )
         for i, n in enumerate(sizes)
     ]
 
