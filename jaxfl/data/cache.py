@@ -95,53 +95,44 @@ class PopulationWriter:
 
     def add(self, name: str, features: Mapping[str, np.ndarray]) -> None:
         """Appends one client (at least one example; every feature the same length)."""
-        arrays = {k: np.ascontiguousarray(v) for k, v in features.items()}
-        sizes = {a.shape[0] for a in arrays.values()}
+        sizes = {np.shape(v)[0] for v in features.values()}
         if len(sizes) != 1:
             raise ValueError(f"client {name!r}: features have different numbers of examples {sorted(sizes)}")
-        (size,) = sizes
-        if size < 1:
-            raise ValueError(f"client {name!r} has no examples")
-        if not self._specs:
-            for key, array in arrays.items():
-                self._specs[key] = (array.dtype, array.shape[1:])
-                self._files[key] = (self.directory / f"{key}.bin").open("wb")
-        if set(arrays) != set(self._specs):
-            raise ValueError(f"client {name!r} has features {sorted(arrays)}, expected {sorted(self._specs)}")
-        for key, array in arrays.items():
-            dtype, trailing = self._specs[key]
-            if array.dtype != dtype or array.shape[1:] != trailing:
-                raise ValueError(
-                    f"client {name!r}: feature {key!r} is {array.dtype}{list(array.shape[1:])}, "
-                    f"expected {dtype}{list(trailing)}"
-                )
-            self._files[key].write(array.tobytes())
-        self._counts.append(size)
-        self._names.write(name.replace("\n", " ") + "\n")
+        self.add_block([name], np.asarray(list(sizes)), features, what=f"client {name!r}")
 
-    def add_block(self, names: list[str], counts: np.ndarray, features: Mapping[str, np.ndarray]) -> None:
+    def add_block(
+        self, names: list[str], counts: np.ndarray, features: Mapping[str, np.ndarray], *, what: str = "block"
+    ) -> None:
         """Appends consecutive clients at once: `counts[j]` rows each, features packed.
 
         The fast path for generated populations of millions of clients (one
         `add` per client costs microseconds of Python each).
         """
         counts = np.asarray(counts, np.int64)
-        if len(names) != counts.size or np.any(counts < 1):
-            raise ValueError("add_block needs one name and a positive count per client")
+        if len(names) != counts.size:
+            raise ValueError(f"{what}: {len(names)} names for {counts.size} clients")
+        if np.any(counts < 1):
+            raise ValueError(
+                f"{what} has no examples" if counts.size == 1 else f"{what}: a client has no examples"
+            )
         total = int(counts.sum())
-        if any(np.shape(v)[0] != total for v in features.values()):
-            raise ValueError(f"add_block: features must have {total} rows (the counts' sum)")
+        arrays = {k: np.ascontiguousarray(v) for k, v in features.items()}
+        if any(a.shape[0] != total for a in arrays.values()):
+            raise ValueError(f"{what}: features must have {total} rows (the counts' sum)")
         if not self._specs:
-            for key, array in features.items():
-                self._specs[key] = (np.asarray(array).dtype, np.shape(array)[1:])
+            for key, array in arrays.items():
+                self._specs[key] = (array.dtype, array.shape[1:])
                 self._files[key] = (self.directory / f"{key}.bin").open("wb")
-        if set(features) != set(self._specs):
-            raise ValueError(f"add_block: features {sorted(features)}, expected {sorted(self._specs)}")
-        for key, array in features.items():
+        if set(arrays) != set(self._specs):
+            raise ValueError(f"{what} has features {sorted(arrays)}, expected {sorted(self._specs)}")
+        for key, array in arrays.items():
             dtype, trailing = self._specs[key]
-            array = np.ascontiguousarray(array)
             if array.dtype != dtype or array.shape[1:] != trailing:
-                raise ValueError(f"add_block: feature {key!r} is {array.dtype}{list(array.shape[1:])}")
+                raise ValueError(
+                    f"{what}: feature {key!r} is {array.dtype}{list(array.shape[1:])}, "
+                    f"expected {dtype}{list(trailing)}"
+                )
+        for key, array in arrays.items():
             self._files[key].write(array.tobytes())
         self._counts.extend(counts.tolist())
         self._names.write("".join(name.replace("\n", " ") + "\n" for name in names))

@@ -206,10 +206,6 @@ class GatheredCohort:
     clients: ClientPopulation
     num_clients: int = dataclasses.field(metadata=dict(static=True))
 
-    @property
-    def max_count(self) -> int:
-        return self.clients.max_count
-
 
 @dataclasses.dataclass(frozen=True)
 class FederatedDataset:

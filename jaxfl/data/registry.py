@@ -31,6 +31,7 @@ from jaxfl.data.datasets.sent140 import sent140
 from jaxfl.data.datasets.shakespeare import shakespeare
 from jaxfl.data.datasets.stackoverflow import stackoverflow
 from jaxfl.data.datasets.tfds import tfds_dataset
+from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.synthetic import (
     fedprox_synthetic,
@@ -379,15 +380,6 @@ def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> F
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         if message.startswith(f"dataset {name!r}"):
             raise
-        # Keep the error's type (a DataFileError stays one) where it can be
-        # rebuilt from a message.
-        kind = type(error) if _rebuildable(error) else ValueError
+        # A file error stays one (MissingDataError included), other errors are ValueErrors.
+        kind = type(error) if isinstance(error, DataFileError) else ValueError
         raise kind(f"dataset {name!r}: {message}") from error
-
-
-def _rebuildable(error: ValueError) -> bool:
-    try:
-        type(error)("probe")
-    except Exception:  # noqa: BLE001 - any failure to rebuild means: fall back to ValueError
-        return False
-    return True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -139,10 +139,6 @@ class CohortStream:
         self._next_round += self.rounds_per_call
         self._pending = self._executor.submit(self._prepare, self._next_round)
         return cohort
-
-    def __iter__(self) -> Iterator[GatheredCohort]:
-        while True:
-            yield self.next_call()
 
     def close(self) -> None:
         self._pending.cancel()

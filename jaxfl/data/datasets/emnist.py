@@ -39,7 +39,6 @@ from jaxfl.data.datasets.common import (
     find_file_or_archive,
     load_cached,
     missing,
-    size_statistics,
     split_clients_by_name,
     take_first,
     tff_hdf5_source,
@@ -275,5 +274,3 @@ def femnist(
 
     return load_cached("femnist", options, list(splits.values()), build, converter_version=_CONVERTER_VERSION)
 
-
-__all__ = ["emnist", "femnist", "size_statistics"]

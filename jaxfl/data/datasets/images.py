@@ -61,7 +61,7 @@ def _find_idx(dataset: str, data_dir: Path | None, defaults: Sequence[str]) -> d
     for key, stem in _IDX_NAMES.items():
         path = find_file(directories, [stem + ".gz", stem])
         if path is None:
-            places = directories or [Path(d) for d in defaults] if data_dir is None else [data_dir]
+            places = [data_dir] if data_dir is not None else [Path(d) for d in defaults]
             raise missing(dataset, f"IDX file {stem}[.gz]", places)
         found[key] = path
     return found
@@ -71,7 +71,7 @@ def _images(array: np.ndarray) -> np.ndarray:
     """uint8 `[N, H, W]` or `[N, H, W, C]` pixels as float32 `[N, H, W, C]` in [0, 1]."""
     if array.ndim == 3:
         array = array[..., None]
-    return (array.astype(np.float32) / np.float32(255.0)).astype(np.float32)
+    return array.astype(np.float32) / np.float32(255.0)
 
 
 def _verify(path: Path, what: str, enabled: bool) -> None:
