@@ -76,3 +76,23 @@ def conversions(monkeypatch, module, name: str) -> list[int]:
 
     monkeypatch.setattr(module, name, counted)
     return calls
+
+
+def assert_truncated_file_refused(dataset: str, path: Path, fraction: float, **options) -> None:
+    """`path` cut to `fraction` (its partner files beside it) fails in one line naming it, caching nothing."""
+    import shutil
+
+    import pytest
+    from data.writers import truncated_copy
+
+    from jaxfl.data import load_dataset
+
+    cut = truncated_copy(path, fraction)
+    for partner in path.parent.iterdir():
+        if partner.is_file() and partner != path:
+            shutil.copy(partner, cut.parent / partner.name)
+    with pytest.raises(DataFileError) as excinfo:
+        load_dataset(dataset, data_dir=cut.parent, **options)
+    check_message(excinfo, dataset, cut)
+    assert entries(dataset) == []
+    assert_no_staging()

@@ -17,6 +17,7 @@ import pytest
 from data.datasets.checks import (
     assert_no_staging,
     assert_same_dataset,
+    assert_truncated_file_refused,
     check_message,
     clients_of,
     conversions,
@@ -234,15 +235,7 @@ def test_one_file_of_a_pair_is_not_enough(tmp_path):
 def test_truncated_file(tmp_path, fmt, fraction):
     train, test = make_writers()
     path = write_emnist(tmp_path / "data", fmt, train, test)
-    cut = truncated_copy(path, fraction)
-    for partner in path.parent.iterdir():
-        if partner.is_file() and partner != path:
-            shutil.copy(partner, cut.parent / partner.name)
-    with pytest.raises(DataFileError) as excinfo:
-        load_dataset("emnist", data_dir=cut.parent)
-    check_message(excinfo, "emnist", cut)
-    assert entries("emnist") == []
-    assert_no_staging()
+    assert_truncated_file_refused("emnist", path, fraction)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

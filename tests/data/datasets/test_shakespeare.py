@@ -18,6 +18,7 @@ import pytest
 from data.datasets.checks import (
     assert_no_staging,
     assert_same_dataset,
+    assert_truncated_file_refused,
     check_message,
     clients_of,
     conversions,
@@ -29,7 +30,6 @@ from data.writers import (
     examples_of,
     shakespeare_like,
     shakespeare_users,
-    truncated_copy,
     write_fedjax_sqlite,
     write_leaf_dir,
     write_tff_hdf5,
@@ -420,15 +420,7 @@ def test_data_dir_that_does_not_exist(tmp_path):
 def test_truncated_file(tmp_path, fmt):
     train, test = make_roles()
     path = write_shakespeare(tmp_path / "data", fmt, train, test)
-    cut = truncated_copy(path, 0.6)
-    for partner in path.parent.iterdir():
-        if partner.is_file() and partner != path:
-            shutil.copy(partner, cut.parent / partner.name)
-    with pytest.raises(DataFileError) as excinfo:
-        load_dataset("shakespeare", data_dir=cut.parent)
-    check_message(excinfo, "shakespeare", cut)
-    assert entries("shakespeare") == []
-    assert_no_staging()
+    assert_truncated_file_refused("shakespeare", path, 0.6)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
