@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--selection-fraction", type=float, default=0.5,
         help="share of each test client's examples used to choose its model (default 0.5)",
     )
-    commands.add_parser("list", help="list datasets, models and algorithms")
+    commands.add_parser("list", help="list datasets, models, algorithms and task presets")
     return parser
 
 
@@ -158,6 +158,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 def _list() -> None:
     from jaxfl.algorithms.registry import ALGORITHMS
     from jaxfl.data.registry import dataset_listing
+    from jaxfl.experiment.presets import PRESETS
     from jaxfl.models.networks import model_names
 
     print("datasets (--dataset NAME; docs/datasets.md):")
@@ -170,6 +171,13 @@ def _list() -> None:
     for name, (_, description) in ALGORITHMS.items():
         print(f"  {name:16s} {description}")
     print("models:", ", ".join(model_names()))
+    print("tasks (--task NAME: a published protocol; flags override its settings; docs/tasks.md):")
+    for name, preset in PRESETS.items():
+        dataset = preset.settings["dataset"]
+        print(f"  {name:20s} {preset.summary}")
+        print(f"  {'':20s}   from: {preset.source}; dataset {dataset}")
+        if preset.published:
+            print(f"  {'':20s}   published: {preset.published}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,35 +76,57 @@ def resolve_hparams(
     return {k: jnp.asarray(v, jnp.float32) for k, v in merged.items()}
 
 
+SERVER_OPTIMIZERS = ("sgd", "avgm", "adagrad", "adam", "yogi")
+
+
 def server_optimizer(
-    name: str, learning_rate: float = 1.0, *, momentum: float = 0.0
+    name: str,
+    learning_rate: float = 1.0,
+    *,
+    momentum: float | None = None,
+    beta1: float = 0.9,
+    beta2: float = 0.99,
+    epsilon: float = 1e-3,
 ) -> optax.GradientTransformation:
     """Server optimizers by name, applied to the pseudo-gradient -mean(delta).
 
-    * 'sgd': w <- w + lr * mean(delta) (lr 1: plain FedAvg), with optional
-      momentum (FedAvgM).
-    * 'adam' (FedAdam) and 'yogi' (FedYogi): Reddi et al., Adaptive
-      Federated Optimization, ICLR 2021, with their beta1 = 0.9,
-      beta2 = 0.99 and adaptivity tau = 1e-3 as epsilon.
+    Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithms
+    1-2, with optax's implementations (the published runs used Keras'
+    optimizers, whose Adam also corrects the moments' bias):
+
+    * 'sgd': w <- w + lr * mean(delta) (lr 1: plain FedAvg); `momentum`
+      (default 0) makes it heavy-ball momentum;
+    * 'avgm' (FedAvgM): the same with momentum 0.9 by default;
+    * 'adagrad' (FedAdagrad): `optax.adagrad` with no initial accumulator,
+      v_t = sum of squared pseudo-gradients, step lr * g / sqrt(v_t + eps);
+    * 'adam' (FedAdam), 'yogi' (FedYogi): `optax.adam`/`optax.yogi` with
+      beta1, beta2 and eps = the adaptivity tau. Reddi et al. use beta1 0.9,
+      beta2 0.99 and tuned tau (1e-3 for Shakespeare, 1e-4/1e-5 for
+      StackOverflow): eps is not a detail, it bounds the step size.
 
     The learning rate is an injected hyperparameter (in the optimizer state),
     so sweeps can vary it without recompiling.
     """
     if learning_rate <= 0:
         raise ValueError(f"server learning rate must be > 0, got {learning_rate}")
-    if name == "sgd":
-        return optax.inject_hyperparams(optax.sgd)(
-            learning_rate=learning_rate, momentum=momentum or None
+    if name not in SERVER_OPTIMIZERS:
+        raise ValueError(f"unknown server optimizer {name!r}; choose one of {', '.join(SERVER_OPTIMIZERS)}")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        raise ValueError(f"server momentum must be in [0, 1), got {momentum}")
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"server beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
+    if not epsilon > 0:
+        raise ValueError(f"server epsilon must be > 0, got {epsilon}")
+    if name in ("sgd", "avgm"):
+        if momentum is None:
+            momentum = 0.9 if name == "avgm" else 0.0
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=learning_rate, momentum=momentum or None)
+    if name == "adagrad":
+        return optax.inject_hyperparams(optax.adagrad)(
+            learning_rate=learning_rate, initial_accumulator_value=0.0, eps=epsilon
         )
-    if name == "adam":
-        return optax.inject_hyperparams(optax.adam)(
-            learning_rate=learning_rate, b1=0.9, b2=0.99, eps=1e-3
-        )
-    if name == "yogi":
-        return optax.inject_hyperparams(optax.yogi)(
-            learning_rate=learning_rate, b1=0.9, b2=0.99, eps=1e-3
-        )
-    raise ValueError(f"unknown server optimizer {name!r}; choose sgd, adam or yogi")
+    transform = optax.adam if name == "adam" else optax.yogi
+    return optax.inject_hyperparams(transform)(learning_rate=learning_rate, b1=beta1, b2=beta2, eps=epsilon)
 
 
 def apply_server_update(

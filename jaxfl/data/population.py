@@ -221,6 +221,9 @@ class FederatedDataset:
       input_vocab_size: None for real-valued inputs; V when each input
         position holds a token id in [0, V) (characters, words), which models
         one-hot encode or embed.
+      excluded_target_ids: target ids that accuracy does not count (a
+        sequence layout's pad, oov, bos and eos, as Reddi et al. 2021 and
+        FedJAX report next-token accuracy).
     """
 
     name: str
@@ -231,3 +234,4 @@ class FederatedDataset:
     validation: ClientPopulation | None = None
     description: str = ""
     input_vocab_size: int | None = None
+    excluded_target_ids: tuple[int, ...] = ()

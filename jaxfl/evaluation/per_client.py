@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxfl.data.host import HostPopulation, client_blocks
 from jaxfl.data.population import ClientPopulation
-from jaxfl.training.local import Task
+from jaxfl.training.local import ExampleStats, Task, client_means
 from jaxfl.types import Params
 
 
@@ -37,6 +37,9 @@ def per_client_metrics(
     chunk_rows: int = 4096,
 ) -> ClientMetrics:
     """Mean loss F_i(w) and misclassification error of every client.
+
+    Means over each client's scored targets (`jaxfl.training.local.ExampleStats`):
+    its examples, or its real tokens for sequence tasks.
 
     Args:
       task: model and loss.
@@ -57,11 +60,11 @@ def per_client_metrics(
         valid = rows < num_rows
         rows = jnp.minimum(rows, num_rows - 1)
         batch = {name: feature[rows] for name, feature in population.features.items()}
-        losses, errors = task.example_losses_and_errors(params, batch)
+        stats = task.example_stats(params, batch)
         # Padding rows of the last chunk go to an extra segment, dropped below.
         segments = jnp.where(valid, owners[rows], population.num_clients)
         sums = jax.ops.segment_sum(
-            jnp.stack([losses, errors], axis=-1),
+            jnp.stack(stats, axis=-1),
             segments,
             num_segments=population.num_clients + 1,
         )
@@ -69,11 +72,11 @@ def per_client_metrics(
 
     totals, _ = jax.lax.scan(
         add_chunk,
-        jnp.zeros((population.num_clients, 2), jnp.float32),
+        jnp.zeros((population.num_clients, len(ExampleStats._fields)), jnp.float32),
         jnp.arange(num_chunks) * chunk,
     )
-    counts = population.counts.astype(jnp.float32)
-    return ClientMetrics(loss=totals[:, 0] / counts, error=totals[:, 1] / counts)
+    loss, error = client_means(ExampleStats(*jnp.unstack(totals, axis=1)))
+    return ClientMetrics(loss=loss, error=error)
 
 
 def _block_metrics(task: Task, params: Params, block: ClientPopulation) -> ClientMetrics:

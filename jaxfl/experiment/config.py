@@ -17,6 +17,19 @@ from pathlib import Path
 from typing import Any
 
 
+# The registries' names (checked against them in tests/experiment/test_config.py);
+# kept here so that reading a config imports no model or preset code.
+MODEL_NAMES = (
+    "linear", "mlp", "convnet", "embedding-bag", "deltafl-convnet", "emnist-cr-cnn", "leaf-cnn",
+    "resnet18-gn", "char-lstm", "char-gru", "word-lstm", "transformer", "sent140-lstm",
+    "mean-embedding-logistic",
+)
+TASK_PRESETS = (
+    "shakespeare-fedavg", "shakespeare-deltafl", "emnist-cr", "femnist-leaf", "stackoverflow-nwp",
+    "stackoverflow-lr", "cifar100-resnet", "sent140-lstm", "fmnist-dirichlet",
+)
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message is one line for users."""
 
@@ -43,6 +56,13 @@ class RunConfig:
     `--clients-per-round`).
     """
 
+    task: str | None = _field(
+        None,
+        "a published protocol (`jaxfl list` shows them): sets dataset, model, optimizers, rounds, "
+        "cohort, batch and learning rates; other settings override it",
+        optional=True,
+        choices=TASK_PRESETS,
+    )
     algorithm: str = _field(
         "fedavg,deltafl",
         "algorithm(s) to run, comma-separated to compare several",
@@ -70,7 +90,7 @@ class RunConfig:
     model: str = _field(
         "linear",
         "model (unset: the dataset's default, see `jaxfl list`)",
-        choices=("linear", "mlp", "convnet", "embedding-bag"),
+        choices=MODEL_NAMES,
     )
     hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
     embedding_dim: int = _field(32, "embedding-bag: width of the token embeddings", low=1)
@@ -91,11 +111,25 @@ class RunConfig:
     )
     l2: float = _field(0.0, "l2 regularization lambda", low=0.0)
     server_optimizer: str = _field(
-        "sgd", "server optimizer", choices=("sgd", "adam", "yogi")
+        "sgd",
+        "server optimizer (Reddi et al. 2021): sgd, avgm (FedAvgM), adagrad, adam, yogi",
+        choices=("sgd", "avgm", "adagrad", "adam", "yogi"),
     )
     server_lr: float = _field(1.0, "server learning rate", low=0.0, low_open=True)
-    server_momentum: float = _field(
-        0.0, "server momentum (sgd only)", low=0.0, high=1.0, high_open=True
+    server_momentum: float | None = _field(
+        None, "server momentum of sgd and avgm (unset: 0 for sgd, 0.9 for avgm)",
+        low=0.0, high=1.0, high_open=True, optional=True,
+    )
+    server_beta1: float = _field(
+        0.9, "adam, yogi: first-moment decay beta1 of the server optimizer", low=0.0, high=1.0, high_open=True
+    )
+    server_beta2: float = _field(
+        0.99, "adam, yogi: second-moment decay beta2 of the server optimizer",
+        low=0.0, high=1.0, high_open=True,
+    )
+    server_epsilon: float = _field(
+        1e-3, "adagrad, adam, yogi: adaptivity epsilon (tau of Reddi et al.; its value matters)",
+        low=0.0, low_open=True,
     )
     client_weighting: str = _field(
         "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
@@ -332,11 +366,23 @@ def check_value(name: str, value: Any) -> Any:
 def make_config(values: Mapping[str, Any]) -> RunConfig:
     """Builds a validated RunConfig from field values.
 
-    Unset fields take the dataset's run defaults (its default model, rounds,
-    clients per round, ...: `jaxfl.data.registry.dataset_run_defaults`), then
-    RunConfig's own defaults.
+    With a `task`, the preset's settings come first
+    (`jaxfl.experiment.presets`; dataset options merged key by key, given
+    ones winning). Unset fields then take the dataset's run defaults (its
+    default model, rounds, clients per round, ...:
+    `jaxfl.data.registry.dataset_run_defaults`), then RunConfig's own
+    defaults.
     """
     values = dict(values)
+    if values.get("task") is not None:
+        from jaxfl.experiment.presets import preset_settings
+
+        task = check_value("task", values["task"])
+        preset = preset_settings(task)
+        options = {**preset.pop("dataset_options", {}), **dict(values.get("dataset_options") or {})}
+        if "dataset" in values and values["dataset"] != preset["dataset"]:
+            options = dict(values.get("dataset_options") or {})  # Another dataset: its own options.
+        values = {**preset, **values, "dataset_options": options}
     dataset = values.get("dataset", RunConfig.dataset)
     if isinstance(dataset, str):
         from jaxfl.data.registry import dataset_run_defaults

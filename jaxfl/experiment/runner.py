@@ -125,6 +125,26 @@ def algorithm_hparams(
     return values
 
 
+def run_server_optimizer(config: RunConfig):
+    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`)."""
+    return server_optimizer(
+        config.server_optimizer,
+        config.server_lr,
+        momentum=config.server_momentum,
+        beta1=config.server_beta1,
+        beta2=config.server_beta2,
+        epsilon=config.server_epsilon,
+    )
+
+
+_SERVER_OPTIMIZER_SETTINGS = {
+    "server_momentum": ("sgd", "avgm"),
+    "server_beta1": ("adam", "yogi"),
+    "server_beta2": ("adam", "yogi"),
+    "server_epsilon": ("adagrad", "adam", "yogi"),
+}
+
+
 def ignored_settings(
     config: RunConfig, algorithms: dict[str, FederatedAlgorithm]
 ) -> tuple[str, ...]:
@@ -144,11 +164,43 @@ def ignored_settings(
         used.update(hparam_fields(name, algorithm), spec.options)
         if spec.privacy is not None:
             used.update(spec.privacy.settings)
+    used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if config.server_optimizer in users)
+    settings = sorted({*settings, *_SERVER_OPTIMIZER_SETTINGS})
     return tuple(
         field
         for field in settings
         if field not in used and getattr(config, field) != getattr(defaults, field)
     )
+
+
+SEQUENCE_MODELS = ("char-lstm", "word-lstm", "transformer")
+
+
+def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
+    """A one-line ConfigError unless the model predicts what the examples hold.
+
+    One label per example needs logits `[C]` (or `[1]`: a binary label);
+    a token sequence y `[L]` needs logits `[L, V]`. Checked on shapes only.
+    """
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    example = jax.ShapeDtypeStruct((1, *dataset.input_shape), dataset.train.features["x"].dtype)
+    logits = jax.eval_shape(model.apply, params, example).shape[1:]
+    target = tuple(dataset.train.features["y"].shape[1:])
+    if target and logits[:-1] != target:
+        raise ConfigError(
+            f"dataset {config.dataset} has {list(target)} targets per example (a sequence layout) and "
+            f"model {config.model} predicts one label per example: choose {', '.join(SEQUENCE_MODELS)}, "
+            "or a one-label layout (e.g. --dataset-option layout=next-char)"
+        )
+    if not target and len(logits) != 1:
+        raise ConfigError(
+            f"dataset {config.dataset} has one label per example and model {config.model} predicts "
+            f"{list(logits[:-1])} tokens: choose a classifier, or --dataset-option layout=sequence"
+        )
+    if not target and logits[0] not in (1, dataset.num_classes):
+        raise ConfigError(
+            f"model {config.model} has {logits[0]} outputs, dataset {config.dataset} {dataset.num_classes} classes"
+        )
 
 
 def setup(config: RunConfig) -> Setup:
@@ -174,13 +226,6 @@ def setup(config: RunConfig) -> Setup:
             f"clients_per_round must be in [1, {num_train}] (the training clients "
             f"of {config.dataset}), got {config.clients_per_round}"
         )
-    target_shape = tuple(dataset.train.features["y"].shape[1:]) if "y" in dataset.train.features else ()
-    if target_shape:
-        raise ConfigError(
-            f"dataset {config.dataset}: each example has {list(target_shape)} targets (a sequence layout) "
-            "and the models predict one label per example; choose a one-label layout (e.g. "
-            "--dataset-option layout=next-char)"
-        )
     try:
         model = make_model(
             config.model,
@@ -192,9 +237,10 @@ def setup(config: RunConfig) -> Setup:
         )
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None
+    check_model_fits_targets(model, dataset, config)
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     engine = Engine(
-        task=Task(model),
+        task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
         local=LocalTraining(
             batch_size=config.batch_size,
             num_epochs=config.local_epochs,
@@ -203,9 +249,7 @@ def setup(config: RunConfig) -> Setup:
         ),
         clients_per_round=config.clients_per_round,
         strategy=choose_strategy(config.strategy, num_parameters),
-        server_tx=server_optimizer(
-            config.server_optimizer, config.server_lr, momentum=config.server_momentum
-        ),
+        server_tx=run_server_optimizer(config),
         client_weighting=config.client_weighting,
         num_clients=num_train,
     )

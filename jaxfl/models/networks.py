@@ -37,16 +37,22 @@ class Model(NamedTuple):
 
     Attributes:
       init: `key -> params`, a nested dict of arrays.
-      apply: `(params, x [B, *input_shape]) -> logits [B, num_classes]`.
+      apply: `(params, x [B, *input_shape], key=None) -> logits`: `[B, C]`
+        for one label per example, `[B, 1]` for a binary label, `[B, L, V]`
+        for token sequences. With a `key` (training) the model draws its
+        dropout masks and data augmentation from it; `key=None` is the
+        deterministic evaluation pass.
       name: the registry name, for logs.
       flops_per_example: forward-pass FLOPs (multiply-adds count 2) of one
         example, for throughput figures; training costs about 3x this.
+      stochastic: whether `apply` uses its key (dropout, augmentation).
     """
 
     init: Callable[[Key], Params]
-    apply: Callable[[Params, jax.Array], jax.Array]
+    apply: Callable[..., jax.Array]
     name: str
     flops_per_example: int
+    stochastic: bool = False
 
 
 def _first_layer(layer: nnx.Linear, x: jax.Array, vocab_size: int | None) -> jax.Array:
@@ -232,18 +238,27 @@ def _conv_as_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Arr
     return patches @ matrix + bias.reshape(1, 1, 1, out_channels)
 
 
-def _as_model(build: Callable[[nnx.Rngs], nnx.Module], name: str, flops: int) -> Model:
-    """Splits an NNX module into pure `init` and `apply` functions."""
-    graphdef, _ = nnx.split(build(nnx.Rngs(0)), nnx.Param)
+def as_model(
+    build: Callable[[nnx.Rngs], nnx.Module], name: str, flops: int, *, stochastic: bool = False
+) -> Model:
+    """Splits an NNX module into pure `init` and `apply` functions.
+
+    The parameters are the module's `nnx.Param`s; any other state (e.g. a
+    frozen embedding table held as a non-`Param` variable) is rebuilt from
+    `build` and closed over as a constant, so training never updates it.
+    A `stochastic` module's `__call__(x, key=None)` takes the key.
+    """
+    graphdef, _, rest = nnx.split(build(nnx.Rngs(0)), nnx.Param, ...)
 
     def init(key: Key) -> Params:
         module = build(nnx.Rngs(params=key))
-        return nnx.to_pure_dict(nnx.split(module, nnx.Param)[1])
+        return nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[1])
 
-    def apply(params: Params, x: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, params)(x)
+    def apply(params: Params, x: jax.Array, key: Key | None = None) -> jax.Array:
+        module = nnx.merge(graphdef, params, rest)
+        return module(x, key=key) if stochastic else module(x)
 
-    return Model(init=init, apply=apply, name=name, flops_per_example=flops)
+    return Model(init=init, apply=apply, name=name, flops_per_example=flops, stochastic=stochastic)
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -303,7 +318,7 @@ def make_model(
         # On tokens the one-hot product is a gather and sum: 2 FLOPs per
         # position and class at most.
         flops = 2 * (num_positions if vocab else num_features) * num_classes
-        return _as_model(
+        return as_model(
             lambda rngs: LinearClassifier(num_features, num_classes, vocab_size=vocab, rngs=rngs),
             name,
             flops,
@@ -311,7 +326,7 @@ def make_model(
     if name == "mlp":
         sizes = [num_positions if vocab else num_features, *hidden_sizes, num_classes]
         flops = sum(2 * a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        return _as_model(
+        return as_model(
             lambda rngs: MLP(num_features, hidden_sizes, num_classes, vocab_size=vocab, rngs=rngs),
             name,
             flops,
@@ -320,7 +335,7 @@ def make_model(
         if vocab is None:
             raise ValueError("embedding-bag needs token inputs; this dataset's inputs are real-valued")
         flops = 2 * num_positions * embedding_dim + 2 * embedding_dim * num_classes
-        return _as_model(
+        return as_model(
             lambda rngs: EmbeddingBag(vocab, embedding_dim, num_classes, rngs=rngs), name, flops
         )
     if name == "convnet":
@@ -329,7 +344,7 @@ def make_model(
         if conv == "auto":
             conv = default_conv(jax.default_backend())
         image_shape = _image_shape(tuple(input_shape))
-        return _as_model(
+        return as_model(
             lambda rngs: ConvNet(image_shape, num_classes, conv=conv, rngs=rngs),
             name,
             _convnet_flops(image_shape, num_classes),

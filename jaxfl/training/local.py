@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxfl.data.population import ClientPopulation
 from jaxfl.models.losses import misclassification, multinomial_logistic_loss
@@ -29,24 +30,84 @@ from jaxfl.models.networks import Model
 from jaxfl.types import Key, Params
 
 
+class ExampleStats(NamedTuple):
+    """`[B]` per-example sums that per-client and per-batch means are made of.
+
+    A one-label example scores one target (weights 1); a token sequence
+    scores each of its real targets. A mean over any set of examples is
+    `sum(loss) / sum(loss_weight)` (and the same for the error), so a client's
+    loss is the mean over its real tokens, as TFF and FedJAX report it.
+    """
+
+    loss: jax.Array  # Summed loss over the example's scored targets.
+    loss_weight: jax.Array  # Number of targets in the loss.
+    error: jax.Array  # Summed 0/1 errors over the targets accuracy counts.
+    error_weight: jax.Array  # Number of targets accuracy counts.
+
+
 class Task(NamedTuple):
     """A model with its per-example loss and error on a batch dict.
 
-    Batches are dicts with features 'x' (`[B, *input_shape]`) and 'y'
-    (`[B]` integer labels).
+    Batches are dicts with features 'x' (`[B, *input_shape]`) and 'y'. The
+    kind of target is read from the shapes at trace time:
+
+    * one label per example, y `[B]`, logits `[B, C]`: the multinomial
+      logistic loss and misclassification (004 Appendix C.1);
+    * a binary label, y `[B]` in {0, 1}, logits `[B, 1]`: the logistic loss
+      (binary cross-entropy of the logit) and the sign error (Sent140);
+    * a token sequence, y `[B, L]`, logits `[B, L, V]`: per-token
+      cross-entropy over the real targets (y != `pad_id`), and the error over
+      the real targets not in `excluded_target_ids` (Reddi et al. 2021 and
+      FedJAX exclude pad, oov, bos and eos from next-token accuracy).
+
+    Attributes:
+      model: the model.
+      excluded_target_ids: target ids that accuracy does not count.
+      pad_id: the padding target of sequences (jaxfl's token datasets pad
+        with 0); such targets count in neither the loss nor the error.
     """
 
     model: Model
+    excluded_target_ids: tuple[int, ...] = ()
+    pad_id: int = 0
 
-    def example_losses(self, params: Params, batch) -> jax.Array:
-        return multinomial_logistic_loss(self.model.apply(params, batch["x"]), batch["y"])
+    def example_stats(self, params: Params, batch, key: Key | None = None) -> ExampleStats:
+        """Per-example loss and error sums; `key` drives dropout and augmentation (training)."""
+        if self.model.stochastic:
+            logits = self.model.apply(params, batch["x"], key=key)
+        else:
+            logits = self.model.apply(params, batch["x"])
+        return target_stats(logits, batch["y"], self.excluded_target_ids, self.pad_id)
 
-    def example_losses_and_errors(self, params: Params, batch):
-        logits = self.model.apply(params, batch["x"])
-        return (
-            multinomial_logistic_loss(logits, batch["y"]),
-            misclassification(logits, batch["y"]),
+
+def target_stats(
+    logits: jax.Array, targets: jax.Array, excluded_target_ids: tuple[int, ...] = (), pad_id: int = 0
+) -> ExampleStats:
+    """`ExampleStats` of logits against targets (the three kinds of `Task`)."""
+    targets = targets.astype(jnp.int32)
+    counted = jnp.ones(targets.shape, jnp.float32)
+    for excluded in excluded_target_ids:
+        counted = counted * (targets != excluded)
+    if targets.ndim == 2:
+        real = (targets != pad_id).astype(jnp.float32)
+        losses = multinomial_logistic_loss(logits, targets) * real
+        errors = misclassification(logits, targets) * real * counted
+        counted = counted * real
+        return ExampleStats(
+            loss=jnp.sum(losses, axis=1),
+            loss_weight=jnp.sum(real, axis=1),
+            error=jnp.sum(errors, axis=1),
+            error_weight=jnp.sum(counted, axis=1),
         )
+    if logits.shape[-1] == 1:
+        logit = logits[..., 0]
+        losses = optax.sigmoid_binary_cross_entropy(logit, targets.astype(logit.dtype))
+        errors = ((logit > 0) != (targets == 1)).astype(jnp.float32)
+    else:
+        losses = multinomial_logistic_loss(logits, targets)
+        errors = misclassification(logits, targets)
+    ones = jnp.ones_like(losses)
+    return ExampleStats(loss=losses, loss_weight=ones, error=errors * counted, error_weight=counted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +174,10 @@ class LocalResult(NamedTuple):
     mean_batch_loss: jax.Array  # [], mean minibatch loss over real steps.
 
 
+# `fold_in` data of the client key's dropout/augmentation stream.
+_MODEL_STREAM = 0x7FFFFFFF
+
+
 def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
     """`[E, max_count]`: row e starts with a random permutation of [0, count).
 
@@ -169,6 +234,9 @@ def local_sgd(
     perms = epoch_orders(key, count, max_count, config.num_epochs)
     in_batch = jnp.arange(batch_size)
     anchor = params
+    # Dropout and augmentation: a stream of the client's key apart from the
+    # epoch orders (which fold in the epoch index).
+    model_key = jax.random.fold_in(key, _MODEL_STREAM)
 
     def train_step(step, params):
         epoch = step // steps_per_epoch
@@ -178,9 +246,13 @@ def local_sgd(
         rows = offset + order[jnp.minimum(position, max_count - 1)]
         batch = {name: feature[rows] for name, feature in population.features.items()}
 
+        step_key = jax.random.fold_in(model_key, step) if task.model.stochastic else None
+
         def batch_loss(p):
-            losses = task.example_losses(p, batch)
-            return jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.sum(valid)
+            stats = task.example_stats(p, batch, step_key)
+            # Mean over the batch's real targets (one per example for labels).
+            total_weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
+            return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
 
         loss, grads = jax.value_and_grad(batch_loss)(params)
         if hparams.prox_mu is not None:
@@ -232,6 +304,9 @@ def client_loss_and_error(
 ) -> tuple[jax.Array, jax.Array]:
     """Mean loss F_i(w) and misclassification error of one client on all its data.
 
+    Means over the client's scored targets (`ExampleStats`): its examples
+    for one-label tasks, its real tokens for sequences.
+
     Runs over the client's examples in chunks, with a trip count set by the
     client's own size (a while loop), so small clients cost little when
     clients run one at a time. A client's examples are contiguous in the
@@ -259,13 +334,21 @@ def client_loss_and_error(
             name: jax.lax.dynamic_slice_in_dim(feature, start, chunk)
             for name, feature in population.features.items()
         }
-        losses, errors = task.example_losses_and_errors(params, batch)
-        return (
-            sums[0] + jnp.sum(jnp.where(valid, losses, 0.0)),
-            sums[1] + jnp.sum(jnp.where(valid, errors, 0.0)),
-        )
+        stats = task.example_stats(params, batch)
+        return tuple(total + jnp.sum(jnp.where(valid, value, 0.0)) for total, value in zip(sums, stats))
 
     num_chunks = (count + chunk - 1) // chunk
     zero = jnp.zeros((), jnp.float32)
-    loss_sum, error_sum = jax.lax.fori_loop(0, num_chunks, body, (zero, zero))
-    return loss_sum / count, error_sum / count
+    sums = ExampleStats(*jax.lax.fori_loop(0, num_chunks, body, (zero,) * 4))
+    return client_means(sums)
+
+
+def client_means(sums: ExampleStats) -> tuple[jax.Array, jax.Array]:
+    """(mean loss, mean error) from summed `ExampleStats` (any leading shape).
+
+    A client without a counted target (possible only for sequences whose
+    targets are all excluded from accuracy) gets error 0.
+    """
+    loss = sums.loss / jnp.maximum(sums.loss_weight, 1.0)
+    error = jnp.where(sums.error_weight > 0, sums.error / jnp.maximum(sums.error_weight, 1.0), 0.0)
+    return loss, error

@@ -182,7 +182,7 @@ def test_list_shows_every_dataset_with_its_source(capsys):
         (["--residency", "gpu"], ["residency", "auto"]),
         (
             ["--dataset", "shakespeare", "--dataset-option", "layout=sequence"],
-            ["[80] targets", "layout=next-char"],
+            ["[80] targets", "char-lstm", "layout=next-char"],
         ),
     ],
 )

@@ -98,7 +98,7 @@ def test_one_client_one_step_equals_centralized_sgd_step():
     data = POPULATION.client(client)
 
     def loss(p):
-        return TASK.example_losses(p, data).mean()
+        return TASK.example_stats(p, data).loss.mean()
 
     tx = optax.sgd(0.3)
     updates, _ = tx.update(jax.grad(loss)(params), tx.init(params))

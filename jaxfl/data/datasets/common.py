@@ -16,7 +16,7 @@ from jaxfl.data.cache import CacheBuilder, cached_dataset, file_fingerprint
 from jaxfl.data.errors import DataFileError, MissingDataError
 from jaxfl.data.population import FederatedDataset
 
-_TASK_FIELDS = ("num_classes", "input_shape", "input_vocab_size", "description")
+_TASK_FIELDS = ("num_classes", "input_shape", "input_vocab_size", "excluded_target_ids", "description")
 
 
 def progress_bar(total: int | None, description: str) -> tqdm:
@@ -104,6 +104,7 @@ def load_cached(
         num_classes=int(metadata["num_classes"]),
         input_shape=tuple(metadata["input_shape"]),
         input_vocab_size=metadata.get("input_vocab_size"),
+        excluded_target_ids=tuple(metadata.get("excluded_target_ids", ())),
         description=metadata.get("description", ""),
     )
 

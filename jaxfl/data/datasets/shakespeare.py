@@ -72,7 +72,7 @@ from jaxfl.data.text import (
     next_char_windows,
 )
 
-_CONVERTER_VERSION = 2  # 2: LEAF windows with characters outside the vocabulary, stride
+_CONVERTER_VERSION = 3  # 3: excluded_target_ids; 2: LEAF windows with characters outside the vocabulary, stride
 
 VOCABULARIES: dict[str, CharVocabulary] = {
     "fedjax": FEDJAX_SHAKESPEARE_VOCAB,
@@ -290,6 +290,8 @@ def shakespeare(
             "num_classes": vocab.size,
             "input_shape": [sequence_length],
             "input_vocab_size": vocab.size,
+            # Sequence accuracy as TFF/FedJAX count it; next-char counts every target.
+            "excluded_target_ids": list(vocab.special_ids) if layout == "sequence" else [],
             "description": (
                 f"Shakespeare by role ({source_format}), {layout} examples of {sequence_length} characters"
                 f"{f' every {stride}' if layout == 'next-char' and stride > 1 else ''}, {vocabulary} "

@@ -53,7 +53,7 @@ from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.text import WordVocabulary, word_sequences
 
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2  # 2: excluded_target_ids
 LAYOUTS = ("next-word", "sequence")
 
 
@@ -202,6 +202,8 @@ def stackoverflow(
             "num_classes": vocab.size,
             "input_shape": [sequence_length],
             "input_vocab_size": vocab.size,
+            # Next-word accuracy as Reddi et al. and FedJAX count it (both layouts).
+            "excluded_target_ids": list(vocab.special_ids),
             "description": (
                 f"StackOverflow by user ({source_format}, {directory}), {layout} examples of "
                 f"{sequence_length} words, vocabulary: {vocab_note}, <= {cap} posts per client"
