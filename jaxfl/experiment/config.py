@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 # The registries' names (checked against them in tests/experiment/test_config.py);
 # kept here so that reading a config imports no model or preset code.
 MODEL_NAMES = (

@@ -199,7 +199,8 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
         )
     if not target and logits[0] not in (1, dataset.num_classes):
         raise ConfigError(
-            f"model {config.model} has {logits[0]} outputs, dataset {config.dataset} {dataset.num_classes} classes"
+            f"model {config.model} has {logits[0]} outputs and dataset {config.dataset} "
+            f"{dataset.num_classes} classes"
         )
 
 

@@ -9,10 +9,13 @@ Recurrences are written by hand as one `jax.lax.scan` over time (not
 that can be `vmap`ped over clients and `scan`ned over local steps.
 
 Token conventions (jaxfl's datasets): id 0 pads, at the END of a sequence.
-The language models predict every position (`[B, L, V]`) and leave padded
-targets to the task's mask; because every model here is causal (an output at
-position t reads positions <= t only), trailing padding never changes the
-outputs at real positions.
+The language models ('char-lstm', 'word-lstm', 'transformer') predict every
+position (`[B, L, V]`) and leave padded targets to the task's mask; they are
+causal (the output at position t reads positions <= t only), so trailing
+padding never changes the outputs at real positions. The Sent140 models skip
+pads ('sent140-lstm' reads the state after the last real token);
+'char-gru' reads the last position of unpadded LEAF windows, where id 0 is a
+character.
 
 Initialization (Keras defaults, as the TFF/Reddi et al. baselines build
 their layers): recurrent input kernels Glorot-uniform, recurrent kernels

@@ -155,8 +155,7 @@ def _image_shape(name: str, input_shape: Sequence[int], vocab: int | None) -> tu
     side = math.isqrt(size)
     if side * side != size:
         raise ValueError(
-            f"{name} needs square images: input shape {input_shape} has {size} features, "
-            "not a perfect square"
+            f"{name} needs square images: input shape {input_shape} has {size} features, not a perfect square"
         )
     return (side, side, 1)
 
@@ -297,11 +296,20 @@ class TwoConvNet(nnx.Module):
             kernel_init, bias_init = _initializers(init, 25 * channels)
             convs.append(
                 nnx.Conv(
-                    channels, out_channels, (5, 5), padding=padding,
-                    kernel_init=kernel_init, bias_init=bias_init, rngs=rngs,
+                    channels,
+                    out_channels,
+                    (5, 5),
+                    padding=padding,
+                    kernel_init=kernel_init,
+                    bias_init=bias_init,
+                    rngs=rngs,
                 )
             )
-            height, width, channels = _two_conv_size(height, padding), _two_conv_size(width, padding), out_channels
+            height, width, channels = (
+                _two_conv_size(height, padding),
+                _two_conv_size(width, padding),
+                out_channels,
+            )
         self.convs = nnx.List(convs)
         sizes = [height * width * channels, *hidden, num_classes]
         layers = []
@@ -337,7 +345,9 @@ def _initializers(kind: str, fan_in: int) -> tuple[Callable, Callable]:
     return nnx.initializers.glorot_uniform(), nnx.initializers.zeros_init()
 
 
-def _two_conv_flops(image_shape: tuple[int, int, int], padding: str, hidden: tuple[int, ...], classes: int) -> int:
+def _two_conv_flops(
+    image_shape: tuple[int, int, int], padding: str, hidden: tuple[int, ...], classes: int
+) -> int:
     height, width, channels = image_shape
     flops = 0
     for out_channels in (32, 64):
@@ -535,8 +545,12 @@ class ResNet18GN(nnx.Module):
             for index in range(2):
                 blocks.append(
                     ResNetBlock(
-                        in_channels, out_channels, groups=groups,
-                        first_norm=(stage, index) != (0, 0), conv=conv, rngs=rngs,
+                        in_channels,
+                        out_channels,
+                        groups=groups,
+                        first_norm=(stage, index) != (0, 0),
+                        conv=conv,
+                        rngs=rngs,
                     )
                 )
                 in_channels = out_channels
@@ -644,8 +658,15 @@ def build_resnet18_gn(
     size = (height, width_px) if crop_size is None else (crop_size, crop_size)
     return _networks.as_model(
         lambda rngs: ResNet18GN(
-            image_shape, num_classes, crop_size=crop_size, flip=flip, standardize=standardize,
-            groups=groups, width=width, conv=impl, rngs=rngs,
+            image_shape,
+            num_classes,
+            crop_size=crop_size,
+            flip=flip,
+            standardize=standardize,
+            groups=groups,
+            width=width,
+            conv=impl,
+            rngs=rngs,
         ),
         name,
         _resnet_flops(size, channels, width, num_classes),

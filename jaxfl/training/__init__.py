@@ -8,14 +8,14 @@ from jaxfl.training.cohort import (
     weighted_mean,
 )
 from jaxfl.training.local import (
+    ExampleStats,
     LocalHParams,
     LocalResult,
     LocalTraining,
-    ExampleStats,
     Task,
-    target_stats,
     client_loss_and_error,
     local_sgd,
+    target_stats,
 )
 from jaxfl.training.sampling import sample_without_replacement
 from jaxfl.training.strategies import (

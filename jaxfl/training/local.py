@@ -335,7 +335,9 @@ def client_loss_and_error(
             for name, feature in population.features.items()
         }
         stats = task.example_stats(params, batch)
-        return tuple(total + jnp.sum(jnp.where(valid, value, 0.0)) for total, value in zip(sums, stats))
+        return tuple(
+            total + jnp.sum(jnp.where(valid, value, 0.0)) for total, value in zip(sums, stats, strict=True)
+        )
 
     num_chunks = (count + chunk - 1) // chunk
     zero = jnp.zeros((), jnp.float32)

@@ -1,6 +1,8 @@
 """FedAvg: compiled round against a plain Python loop over clients, and the
 round's contract (one trace, determinism, server optimizers, weights)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,9 +118,19 @@ def test_client_randomness_depends_only_on_round_and_client():
         )
 
 
-@pytest.mark.parametrize("name", ["adam", "yogi"])
-def test_adaptive_server_optimizers_apply_optax(name):
-    # FedAdam/FedYogi: the server step is optax's on the pseudo-gradient.
+REFERENCE_SERVER_TX = {
+    "adam": lambda: optax.adam(0.01, b1=0.9, b2=0.99, eps=1e-3),
+    "yogi": lambda: optax.yogi(0.01, b1=0.9, b2=0.99, eps=1e-3),
+    "adagrad": lambda: optax.adagrad(0.01, initial_accumulator_value=0.0, eps=1e-3),
+    "avgm": lambda: optax.sgd(0.01, momentum=0.9),
+    "sgd": lambda: optax.sgd(0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_SERVER_TX))
+def test_server_optimizers_apply_optax_to_the_pseudo_gradient(name):
+    # FedAvgM/FedAdagrad/FedAdam/FedYogi (Reddi et al. 2021): the server step
+    # is optax's on -mean(delta), two rounds so that the optimizer state counts.
     tx = server_optimizer(name, 0.01)
     algorithm = fedavg(TASK, LOCAL, 4, strategy=ClientStrategy("vmap"), server_tx=tx)
     plain = fedavg(TASK, LOCAL, 4, strategy=ClientStrategy("vmap"))
@@ -126,14 +138,20 @@ def test_adaptive_server_optimizers_apply_optax(name):
     state = algorithm.init(params, {"lr": 0.1})
     plain_state = plain.init(params, {"lr": 0.1})
     key = jax.random.key(3)
-    new_state, _ = jax.jit(algorithm.round)(state, POPULATION, key)
-    plain_new, _ = jax.jit(plain.round)(plain_state, POPULATION, key)
-    mean_delta = jax.tree.map(jnp.subtract, plain_new.params, params)
-    reference_tx = {"adam": optax.adam, "yogi": optax.yogi}[name](0.01, b1=0.9, b2=0.99, eps=1e-3)
-    updates, _ = reference_tx.update(
-        jax.tree.map(jnp.negative, mean_delta), reference_tx.init(params), params
-    )
-    expected = optax.apply_updates(params, updates)
+    reference_tx = REFERENCE_SERVER_TX[name]()
+    reference_state = reference_tx.init(params)
+    expected = params
+    for round_key in jax.random.split(key, 2):
+        # The clients' mean delta from `expected`: a plain FedAvg round from there.
+        start = dataclasses.replace(plain_state, params=expected, round=state.round)
+        plain_new, _ = jax.jit(plain.round)(start, POPULATION, round_key)
+        state, _ = jax.jit(algorithm.round)(state, POPULATION, round_key)
+        mean_delta = jax.tree.map(jnp.subtract, plain_new.params, expected)
+        updates, reference_state = reference_tx.update(
+            jax.tree.map(jnp.negative, mean_delta), reference_state, expected
+        )
+        expected = optax.apply_updates(expected, updates)
+    new_state = state
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
         new_state.params, expected,

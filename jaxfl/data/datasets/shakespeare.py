@@ -72,7 +72,7 @@ from jaxfl.data.text import (
     next_char_windows,
 )
 
-_CONVERTER_VERSION = 3  # 3: excluded_target_ids; 2: LEAF windows with characters outside the vocabulary, stride
+_CONVERTER_VERSION = 3  # 3: excluded_target_ids; 2: LEAF windows outside the vocabulary, stride
 
 VOCABULARIES: dict[str, CharVocabulary] = {
     "fedjax": FEDJAX_SHAKESPEARE_VOCAB,
