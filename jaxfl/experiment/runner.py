@@ -174,6 +174,21 @@ def ignored_settings(
 
 
 SEQUENCE_MODELS = ("char-lstm", "word-lstm", "transformer")
+PRETRAINED_EMBEDDING_MODELS = ("sent140-lstm", "mean-embedding-logistic")
+
+
+def frozen_embeddings(config: RunConfig):
+    """The GloVe vectors the Sent140 token models embed with, or None for other models.
+
+    The same vectors the 'sent140' dataset looked its words up in
+    (`jaxfl.data.formats.glove.find_glove` with the dataset's embedding_dim).
+    """
+    if config.model not in PRETRAINED_EMBEDDING_MODELS:
+        return None
+    from jaxfl.data.formats.glove import find_glove
+
+    dim = int(config.dataset_options.get("embedding_dim", 50))
+    return find_glove(config.data_dir, dim).vectors
 
 
 def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
@@ -235,6 +250,7 @@ def setup(config: RunConfig) -> Setup:
             hidden_sizes=config.hidden_sizes,
             input_vocab_size=dataset.input_vocab_size,
             embedding_dim=config.embedding_dim,
+            embedding_table=frozen_embeddings(config),
         )
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None

@@ -248,7 +248,11 @@ def as_model(
     `build` and closed over as a constant, so training never updates it.
     A `stochastic` module's `__call__(x, key=None)` takes the key.
     """
-    graphdef, _, rest = nnx.split(build(nnx.Rngs(0)), nnx.Param, ...)
+    # Shapes only (an eager build compiles every initializer: 1-3 s for the
+    # large models); modules with non-parameter state are built for real.
+    graphdef, _, rest = nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))), nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        graphdef, _, rest = nnx.split(build(nnx.Rngs(0)), nnx.Param, ...)
 
     def init(key: Key) -> Params:
         module = build(nnx.Rngs(params=key))
@@ -276,7 +280,10 @@ def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def model_names() -> tuple[str, ...]:
-    return ("linear", "mlp", "convnet", "embedding-bag")
+    from jaxfl.models.sequence import SEQUENCE_MODELS
+    from jaxfl.models.vision import VISION_MODELS
+
+    return ("linear", "mlp", "convnet", "embedding-bag", *VISION_MODELS, *SEQUENCE_MODELS)
 
 
 def make_model(
@@ -288,8 +295,14 @@ def make_model(
     conv: str = "auto",
     input_vocab_size: int | None = None,
     embedding_dim: int = 32,
+    embedding_table=None,
 ) -> Model:
     """Builds a registered model.
+
+    The reference architectures live in `jaxfl.models.vision` (EMNIST CR CNN,
+    LEAF CNN, ResNet-18 GN, the Delta-FL ConvNet) and `jaxfl.models.sequence`
+    (character and word LSTMs, the GRU, the transformer, the Sent140 models),
+    each at its paper's sizes.
 
     Args:
       name: 'linear', 'mlp', 'convnet' or 'embedding-bag'.
@@ -303,6 +316,8 @@ def make_model(
         and 'mlp' one-hot encode them, 'embedding-bag' embeds them (and
         needs them).
       embedding_dim: the embedding width of 'embedding-bag'.
+      embedding_table: the frozen `[V, D]` word vectors of 'sent140-lstm'
+        and 'mean-embedding-logistic' (GloVe).
 
     Returns:
       The `Model`.
@@ -311,6 +326,14 @@ def make_model(
       ValueError: unknown name, a convnet on non-image features or on
         tokens, or an embedding-bag on real-valued features.
     """
+    from jaxfl.models.sequence import SEQUENCE_MODELS
+    from jaxfl.models.vision import VISION_MODELS
+
+    if name in VISION_MODELS:
+        return VISION_MODELS[name](input_shape, num_classes, input_vocab_size=input_vocab_size, conv=conv)
+    if name in SEQUENCE_MODELS:
+        options = {"embedding_table": embedding_table} if embedding_table is not None else {}
+        return SEQUENCE_MODELS[name](input_shape, num_classes, input_vocab_size=input_vocab_size, **options)
     num_positions = math.prod(input_shape)
     vocab = input_vocab_size
     num_features = num_positions * (vocab or 1)

@@ -275,7 +275,6 @@ def _abstract(build, *args, **kwargs):
 
 
 def test_parameter_counts_and_flops_at_paper_sizes():
-
     # Shakespeare (TFF/FedJAX): 90 ids, embedding 8, 2 x LSTM 256, sequence 80.
     count, flops = _abstract(build_char_lstm, (80,), 90, input_vocab_size=90)
     assert count == 90 * 8 + _lstm(8, 256) + _lstm(256, 256) + 256 * 90 + 90 == 820_522

@@ -178,12 +178,22 @@ def _count(model):
 def test_parameter_counts_and_flops_of_the_reference_shapes():
     # EMNIST CR CNN, 62 classes: 28 -> 26 -> 24 -> pool 12, 12*12*64 = 9216 features.
     emnist = build_emnist_cr_cnn((784,), 62)
-    assert _count(emnist) == (9 * 32 + 32) + (9 * 32 * 64 + 64) + (9216 * 128 + 128) + (128 * 62 + 62) == 1_206_590
+    assert (
+        _count(emnist)
+        == (9 * 32 + 32) + (9 * 32 * 64 + 64) + (9216 * 128 + 128) + (128 * 62 + 62)
+        == 1_206_590
+    )
     assert emnist.flops_per_example == 2 * (26 * 26 * 9 * 32 + 24 * 24 * 9 * 32 * 64 + 9216 * 128 + 128 * 62)
     # LEAF CNN: 28 -> pool 14 -> pool 7, 7*7*64 = 3136 features, dense 2048.
     leaf = build_leaf_cnn((28, 28, 1), 62)
-    assert _count(leaf) == (25 * 32 + 32) + (25 * 32 * 64 + 64) + (3136 * 2048 + 2048) + (2048 * 62 + 62) == 6_603_710
-    assert leaf.flops_per_example == 2 * (28 * 28 * 25 * 32 + 14 * 14 * 25 * 32 * 64 + 3136 * 2048 + 2048 * 62)
+    assert (
+        _count(leaf)
+        == (25 * 32 + 32) + (25 * 32 * 64 + 64) + (3136 * 2048 + 2048) + (2048 * 62 + 62)
+        == 6_603_710
+    )
+    assert leaf.flops_per_example == 2 * (
+        28 * 28 * 25 * 32 + 14 * 14 * 25 * 32 * 64 + 3136 * 2048 + 2048 * 62
+    )
     # Delta-FL ConvNet: 28 -> 24 -> 12 -> 8 -> 4, linear 1024 -> 62.
     deltafl = build_deltafl_convnet((784,), 62)
     assert _count(deltafl) == (25 * 32 + 32) + (25 * 32 * 64 + 64) + (1024 * 62 + 62) == 115_646
@@ -193,7 +203,21 @@ def test_parameter_counts_and_flops_of_the_reference_shapes():
     assert [m.stochastic for m in (emnist, leaf, deltafl)] == [True, False, False]
 
 
-def test_resnet18_gn_size():
+@pytest.fixture(scope="module")
+def full_resnet():
+    return build_resnet18_gn((32, 32, 3), 100)
+
+
+@pytest.fixture(scope="module")
+def small_resnet():
+    """A width-8 ResNet-18-GN (every layer of the full one, 1/64 of its multiply-adds), jitted once."""
+    model = build_resnet18_gn((32, 32, 3), 10, width=8)
+    uncropped = build_resnet18_gn((24, 24, 3), 10, width=8, crop_size=None)
+    params = perturbed(model.init(jax.random.key(0)))
+    return model, jax.jit(model.apply), jax.jit(uncropped.apply), params
+
+
+def test_resnet18_gn_size(full_resnet, small_resnet):
     # Kernels: stem 7*7*3*64; stage widths c = 64, 128, 256, 512 from c' = 64, 64, 128, 256, each
     # 9c'c + 3*9c^2 (four 3x3 convolutions) + c'c (the 1x1 shortcut, stages 2-4).
     kernels = 7 * 7 * 3 * 64 + 4 * 9 * 64 * 64
@@ -206,7 +230,7 @@ def test_resnet18_gn_size():
     assert kernels == 11_157_504 + 9408
     assert kernels + norms + dense == 11_227_812 == resnet18_gn_parameters(100)
 
-    model = build_resnet18_gn((32, 32, 3), 100)
+    model = full_resnet
     params = jax.eval_shape(model.init, jax.random.key(0))
     assert count_parameters(params) == 11_227_812
     # Every stage at 6x6 (TFF's create_resnet passes no strides to its stages): the 3x3 and 1x1
@@ -215,14 +239,12 @@ def test_resnet18_gn_size():
     x = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
     chex.assert_shape(jax.eval_shape(model.apply, params, x), (2, 100))
     chex.assert_shape(jax.eval_shape(model.apply, params, x, jax.random.key(0)), (2, 100))
-    # Other widths, classes and channels: the formula against the built model.
-    small = build_resnet18_gn((16, 16, 1), 7, width=4, crop_size=12)
-    assert _count(small) == resnet18_gn_parameters(7, channels=1, width=4)
+    # Another width and class count: the formula against the built model.
+    assert count_parameters(small_resnet[3]) == resnet18_gn_parameters(10, channels=3, width=8)
 
 
-def test_resnet18_gn_one_real_forward():
-    model = build_resnet18_gn((32, 32, 3), 100)
-    logits = jax.jit(model.apply)(model.init(jax.random.key(0)), images(0, (2, 32, 32, 3)))
+def test_resnet18_gn_one_real_forward(full_resnet):
+    logits = jax.jit(full_resnet.apply)(full_resnet.init(jax.random.key(0)), images(0, (2, 32, 32, 3)))
     chex.assert_shape(logits, (2, 100))
     chex.assert_tree_all_finite(logits)
 
@@ -238,7 +260,9 @@ def test_dropout_zeroes_the_expected_fraction_and_rescales(rate):
     zeros = np.mean(out == 0.0)
     assert abs(zeros - rate) < 0.005  # Standard deviation of the fraction: 0.0011.
     np.testing.assert_allclose(out[out != 0.0], 1.0 / (1.0 - rate), rtol=1e-6)
-    expected = np.asarray(jax.random.bernoulli(jax.random.fold_in(jax.random.key(0), 0), 1 - rate, (200_000,)))
+    expected = np.asarray(
+        jax.random.bernoulli(jax.random.fold_in(jax.random.key(0), 0), 1 - rate, (200_000,))
+    )
     np.testing.assert_array_equal(out != 0.0, expected)
     assert dropout(ones, rate, None, 0) is ones
     assert not np.array_equal(out, dropout(ones, rate, jax.random.key(0), 1))  # Each layer its own mask.
@@ -274,22 +298,13 @@ def test_random_crop_takes_each_example_window_at_its_offsets():
         np.testing.assert_array_equal(crops[n], window[:, ::-1] if flips[n] else window)
     # Without flips, the same windows; without a key (center_crop), the central one.
     np.testing.assert_array_equal(
-        random_crop(x, key, 24, flip=False), np.stack([x[n, r : r + 24, c : c + 24] for n, r, c in
-                                                       zip(range(8), rows, cols, strict=True)])
+        random_crop(x, key, 24, flip=False),
+        np.stack([x[n, r : r + 24, c : c + 24] for n, r, c in zip(range(8), rows, cols, strict=True)]),
     )
     np.testing.assert_array_equal(center_crop(x, 24), x[:, 4:28, 4:28])
     standardized = np.asarray(per_image_standardization(jnp.asarray(x)), np.float64)
     np.testing.assert_allclose(standardized.mean(axis=(1, 2, 3)), 0.0, atol=1e-5)
     np.testing.assert_allclose(standardized.std(axis=(1, 2, 3)), 1.0, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def small_resnet():
-    """A width-8 ResNet-18-GN (every layer of the full one, 1/64 of its multiply-adds), jitted once."""
-    model = build_resnet18_gn((32, 32, 3), 10, width=8)
-    uncropped = build_resnet18_gn((24, 24, 3), 10, width=8, crop_size=None)
-    params = perturbed(model.init(jax.random.key(0)))
-    return model, jax.jit(model.apply), jax.jit(uncropped.apply), params
 
 
 def test_resnet_crops_in_training_and_evaluation(small_resnet):
@@ -316,19 +331,21 @@ def _loss(model, params, x, y, key):
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
 
 
-GRADIENT_MODELS = {
-    "emnist-cr-cnn": lambda: (build_emnist_cr_cnn((784,), 62), (784,)),
-    "leaf-cnn": lambda: (build_leaf_cnn((16, 16, 1), 10), (16, 16, 1)),
-    "deltafl-convnet": lambda: (build_deltafl_convnet((784,), 62), (784,)),
-    "resnet18-gn": lambda: (build_resnet18_gn((28, 28, 3), 10, width=8), (28, 28, 3)),
+GRADIENT_MODELS = {  # The shapes of the other tests, whose eager initializations are compiled already.
+    "emnist-cr-cnn": lambda: build_emnist_cr_cnn((784,), 62),
+    "leaf-cnn": lambda: build_leaf_cnn((28, 28, 1), 62),
+    "deltafl-convnet": lambda: build_deltafl_convnet((784,), 62),
 }
 
 
-@pytest.mark.parametrize("name", sorted(GRADIENT_MODELS))
-def test_gradients_are_finite_nonzero_and_descend(name):
-    model, shape = GRADIENT_MODELS[name]()
-    params = model.init(jax.random.key(0))
-    x = images(11, (4, *shape))
+@pytest.mark.parametrize("name", [*sorted(GRADIENT_MODELS), "resnet18-gn"])
+def test_gradients_are_finite_nonzero_and_descend(name, small_resnet):
+    if name == "resnet18-gn":
+        model, _, _, params = small_resnet
+    else:
+        model = GRADIENT_MODELS[name]()
+        params = model.init(jax.random.key(0))
+    x = images(11, (4, *model_input_shape(model, name)))
     y = jnp.arange(4) % 5
     key = jax.random.key(12)
     value_and_grad = jax.jit(jax.value_and_grad(functools.partial(_loss, model)))
@@ -340,22 +357,25 @@ def test_gradients_are_finite_nonzero_and_descend(name):
     assert value_and_grad(stepped, x, y, key)[0] < loss  # Same key: the same masks and crops.
 
 
+def model_input_shape(model, name):
+    return (32, 32, 3) if name == "resnet18-gn" else (784,)
+
+
 @pytest.mark.parametrize("name", ["emnist-cr-cnn", "resnet18-gn"])
 def test_vmap_over_clients_matches_each_client(name, small_resnet):
     if name == "resnet18-gn":
-        model, apply, _, _ = small_resnet
-        shape = (32, 32, 3)
+        model, apply, _, params = small_resnet
     else:
-        model, shape = build_emnist_cr_cnn((784,), 62), (784,)
-        apply = jax.jit(model.apply)
+        model = build_emnist_cr_cnn((784,), 62)
+        apply, params = jax.jit(model.apply), model.init(jax.random.key(0))
     clients = 3
-    params = jax.vmap(model.init)(jax.random.split(jax.random.key(0), clients))
+    stacked = jax.tree.map(lambda *p: jnp.stack(p), *[perturbed(params, seed=c) for c in range(clients)])
     keys = jax.random.split(jax.random.key(1), clients)
-    x = images(13, (clients, 2, *shape))
-    batched = jax.jit(jax.vmap(model.apply))(params, x, keys)
-    chex.assert_shape(batched, (clients, 2, model.apply(jax.tree.map(lambda p: p[0], params), x[0]).shape[1]))
+    x = images(13, (clients, 2, *model_input_shape(model, name)))
+    batched = jax.jit(jax.vmap(model.apply))(stacked, x, keys)
+    chex.assert_shape(batched, (clients, 2, 10 if name == "resnet18-gn" else 62))
     for c in range(clients):
-        one = jax.tree.map(lambda p, c=c: p[c], params)
+        one = jax.tree.map(lambda p, c=c: p[c], stacked)
         chex.assert_trees_all_close(batched[c], apply(one, x[c], keys[c]), rtol=1e-4, atol=1e-5)
 
 
@@ -366,7 +386,12 @@ def test_vmap_over_clients_matches_each_client(name, small_resnet):
 @pytest.mark.parametrize(
     "name, shape, options, message",
     [
-        ("emnist-cr-cnn", (20,), {"input_vocab_size": 100}, "needs images; this dataset's inputs are token ids"),
+        (
+            "emnist-cr-cnn",
+            (20,),
+            {"input_vocab_size": 100},
+            "needs images; this dataset's inputs are token ids",
+        ),
         ("leaf-cnn", (60,), {}, "needs square images: input shape \\(60,\\) has 60 features"),
         ("emnist-cr-cnn", (5, 5, 1), {}, "needs images of at least 6x6, got 5x5"),
         ("deltafl-convnet", (14, 14, 1), {}, "needs images of at least 16x16, got 14x14"),

