@@ -23,10 +23,17 @@ from jaxfl.types import Params
 
 
 class ClientMetrics(NamedTuple):
-    """`[N]` arrays: each client's mean loss and error on its own data."""
+    """`[N]` arrays: each client's mean loss and error on its own data.
+
+    `targets` is the number of targets its error counts (its examples, or
+    its tokens other than pad/oov/bos/eos for sequences): the weights that
+    pool the clients' errors into one accuracy over all targets, the figure
+    TFF and FedJAX report.
+    """
 
     loss: jax.Array
     error: jax.Array
+    targets: jax.Array
 
 
 def per_client_metrics(
@@ -75,8 +82,9 @@ def per_client_metrics(
         jnp.zeros((population.num_clients, len(ExampleStats._fields)), jnp.float32),
         jnp.arange(num_chunks) * chunk,
     )
-    loss, error = client_means(ExampleStats(*jnp.unstack(totals, axis=1)))
-    return ClientMetrics(loss=loss, error=error)
+    sums = ExampleStats(*jnp.unstack(totals, axis=1))
+    loss, error = client_means(sums)
+    return ClientMetrics(loss=loss, error=error, targets=sums.error_weight)
 
 
 def _block_metrics(task: Task, params: Params, block: ClientPopulation) -> ClientMetrics:
@@ -110,6 +118,7 @@ def host_population_metrics(
     slots = rows + 1
     losses = np.empty(population.num_clients, np.float32)
     errors = np.empty(population.num_clients, np.float32)
+    targets = np.empty(population.num_clients, np.float32)
     for start, stop in client_blocks(population.counts, rows):
         block_ids = np.arange(start, stop)
         host = population.gather_host(block_ids, rows)
@@ -124,4 +133,5 @@ def host_population_metrics(
         metrics = jax.device_get(_block_metrics_jit(task, params, block))
         losses[start:stop] = metrics.loss[: stop - start]
         errors[start:stop] = metrics.error[: stop - start]
-    return ClientMetrics(loss=losses, error=errors)
+        targets[start:stop] = metrics.targets[: stop - start]
+    return ClientMetrics(loss=losses, error=errors, targets=targets)

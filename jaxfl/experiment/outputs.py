@@ -101,16 +101,21 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
 
 
 def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> None:
-    """One row per client of every population: its examples, loss and error."""
+    """One row per client of every population: its examples, loss, error and counted targets.
+
+    `targets` (the number of targets its error counts: examples, or real
+    tokens of sequences) pools the clients' errors into one accuracy.
+    """
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["population", "client", "num_examples", "loss", "error"])
+        writer.writerow(["population", "client", "num_examples", "loss", "error", "targets"])
         for population, metrics in clients.items():
-            for i, (count, loss, error) in enumerate(
-                zip(metrics["num_examples"], metrics["loss"], metrics["error"], strict=True)
+            targets = metrics.get("targets", metrics["num_examples"])
+            for i, (count, loss, error, counted) in enumerate(
+                zip(metrics["num_examples"], metrics["loss"], metrics["error"], targets, strict=True)
             ):
                 writer.writerow(
-                    [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}"]
+                    [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}", int(counted)]
                 )
 
 

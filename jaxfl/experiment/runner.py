@@ -62,7 +62,7 @@ class RunResult:
       history: one dict per evaluation (round, summaries, round metrics).
       summary: the final summaries (`train_loss`, `train_error`,
         `test_loss`, `test_error`, each a dict of statistics) plus timing.
-      clients: population name -> {'num_examples', 'loss', 'error'} NumPy
+      clients: population name -> {'num_examples', 'loss', 'error', 'targets'} NumPy
         arrays of the final model.
     """
 
@@ -344,7 +344,7 @@ def _evaluate_populations(task: Task, client_weighting: str, params, populations
         weights = population.client_weights(client_weighting) if name == "train" else None
         summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
         summaries[f"{name}_error"] = summarize(metrics.error, weights)
-        clients[name] = {"loss": metrics.loss, "error": metrics.error}
+        clients[name] = {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
     return summaries, clients
 
 
@@ -382,7 +382,7 @@ def make_evaluator(
         metrics = host_population_metrics(task, params, population)
         weights = population.client_weights(client_weighting) if name == "train" else None
         stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
-        return stats, {"loss": metrics.loss, "error": metrics.error}
+        return stats, {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
 
     def run(params):
         summaries, clients = jax.device_get(

@@ -48,7 +48,7 @@ def test_run_writes_the_four_files(finished_run):
     lines = (finished_run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [2, 4]
     rows = (finished_run / "clients.csv").read_text().splitlines()
-    assert rows[0] == "population,client,num_examples,loss,error"
+    assert rows[0] == "population,client,num_examples,loss,error,targets"
     assert len(rows) == 1 + 40 + 20
     config = json.loads((finished_run / "config.json").read_text())
     assert config["rounds"] == 4 and config["seed"] == 3

@@ -150,6 +150,7 @@ def test_per_client_metrics_are_token_means_per_client():
         expected_error = sums[2] / sums[3] if sums[3] else 0.0
         np.testing.assert_allclose(metrics.loss[i], expected_loss, rtol=1e-5)
         np.testing.assert_allclose(metrics.error[i], expected_error, rtol=1e-5, atol=1e-7)
+        assert metrics.targets[i] == sums[3]
         loss, error = jax.jit(client_loss_and_error, static_argnums=0)(task, params, population, jnp.int32(i))
         np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
         np.testing.assert_allclose(error, expected_error, rtol=1e-5, atol=1e-7)
