@@ -227,7 +227,10 @@ DATASETS: Mapping[str, DatasetSpec] = {
     ),
     "stackoverflow": DatasetSpec(
         generator=stackoverflow,
-        summary="StackOverflow next word, one client per user: 342k train clients, 10k-word vocabulary",
+        summary=(
+            "StackOverflow next word, or tags (layout=tags), one client per user: 342k train clients, "
+            "10k-word vocabulary"
+        ),
         source=(
             "--data-dir with TFF stackoverflow_*.h5 (+ word/tag counts) / stackoverflow.sqlite, "
             "or FedJAX sqlite"

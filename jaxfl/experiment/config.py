@@ -19,8 +19,8 @@ from typing import Any
 # The registries' names (checked against them in tests/experiment/test_config.py);
 # kept here so that reading a config imports no model or preset code.
 MODEL_NAMES = (
-    "linear", "mlp", "convnet", "embedding-bag", "deltafl-convnet", "emnist-cr-cnn", "leaf-cnn",
-    "resnet18-gn", "char-lstm", "char-gru", "word-lstm", "transformer", "sent140-lstm",
+    "linear", "mlp", "convnet", "embedding-bag", "bag-logistic", "emnist-cr-cnn", "leaf-cnn", "resnet18-gn",
+    "deltafl-convnet", "char-lstm", "char-gru", "word-lstm", "transformer", "sent140-lstm",
     "mean-embedding-logistic",
 )
 TASK_PRESETS = (
@@ -367,8 +367,9 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
 
     With a `task`, the preset's settings come first
     (`jaxfl.experiment.presets`; dataset options merged key by key, given
-    ones winning). Unset fields then take the dataset's run defaults (its
-    default model, rounds, clients per round, ...:
+    ones winning) and the rest are RunConfig's defaults. Otherwise unset
+    fields take the dataset's run defaults (its default model, rounds,
+    clients per round, local step cap, ...:
     `jaxfl.data.registry.dataset_run_defaults`), then RunConfig's own
     defaults.
     """
@@ -383,7 +384,10 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
             options = dict(values.get("dataset_options") or {})  # Another dataset: its own options.
         values = {**preset, **values, "dataset_options": options}
     dataset = values.get("dataset", RunConfig.dataset)
-    if isinstance(dataset, str):
+    # A preset is a whole protocol: the dataset's quick-run defaults (e.g. a
+    # local step cap) apply only when the command names another dataset.
+    preset_dataset = values.get("task") is not None and dataset == preset["dataset"]
+    if isinstance(dataset, str) and not preset_dataset:
         from jaxfl.data.registry import dataset_run_defaults
 
         try:

@@ -195,12 +195,22 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
     """A one-line ConfigError unless the model predicts what the examples hold.
 
     One label per example needs logits `[C]` (or `[1]`: a binary label);
-    a token sequence y `[L]` needs logits `[L, V]`. Checked on shapes only.
+    a token sequence y `[L]` (int32 ids) needs logits `[L, V]`; multi-label
+    indicators y `[T]` (any other dtype) need logits `[T]`. Checked on
+    shapes and dtypes only.
     """
     params = jax.eval_shape(model.init, jax.random.key(0))
     example = jax.ShapeDtypeStruct((1, *dataset.input_shape), dataset.train.features["x"].dtype)
     logits = jax.eval_shape(model.apply, params, example).shape[1:]
     target = tuple(dataset.train.features["y"].shape[1:])
+    if len(target) == 1 and dataset.train.features["y"].dtype != np.int32:
+        if logits != target:
+            raise ConfigError(
+                f"dataset {config.dataset} has {target[0]} labels per example (multi-label) and model "
+                f"{config.model} predicts {list(logits)} outputs: choose a classifier of {target[0]} "
+                "outputs (e.g. bag-logistic)"
+            )
+        return
     if target and logits[:-1] != target:
         raise ConfigError(
             f"dataset {config.dataset} has {list(target)} targets per example (a sequence layout) and "

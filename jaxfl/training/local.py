@@ -34,7 +34,8 @@ class ExampleStats(NamedTuple):
     """`[B]` per-example sums that per-client and per-batch means are made of.
 
     A one-label example scores one target (weights 1); a token sequence
-    scores each of its real targets. A mean over any set of examples is
+    scores each of its real targets; a multi-label example has one loss
+    target and its true labels as error targets. A mean over any set of examples is
     `sum(loss) / sum(loss_weight)` (and the same for the error), so a client's
     loss is the mean over its real tokens, as TFF and FedJAX report it.
     """
@@ -55,21 +56,32 @@ class Task(NamedTuple):
       logistic loss and misclassification (004 Appendix C.1);
     * a binary label, y `[B]` in {0, 1}, logits `[B, 1]`: the logistic loss
       (binary cross-entropy of the logit) and the sign error (Sent140);
-    * a token sequence, y `[B, L]`, logits `[B, L, V]`: per-token
+    * a token sequence, y `[B, L]` int32 ids, logits `[B, L, V]`: per-token
       cross-entropy over the real targets (y != `pad_id`), and the error over
       the real targets not in `excluded_target_ids` (Reddi et al. 2021 and
-      FedJAX exclude pad, oov, bos and eos from next-token accuracy).
+      FedJAX exclude pad, oov, bos and eos from next-token accuracy);
+    * multi-label, y `[B, T]` indicator vectors (uint8, bool or float: not
+      int32, which are token ids), logits `[B, T]`: the sigmoid binary
+      cross-entropy averaged over the T outputs (Keras' `BinaryCrossentropy`
+      per example), one loss target per example; the error counts the true
+      labels missing from the `top_k` largest logits over the number of true
+      labels, so that errors pooled over examples give 1 - recall@k as
+      `tf.keras.metrics.Recall(top_k=k)` pools it (Reddi et al. 2021's
+      StackOverflow tag prediction; an example without a true label counts
+      nothing).
 
     Attributes:
       model: the model.
       excluded_target_ids: target ids that accuracy does not count.
       pad_id: the padding target of sequences (jaxfl's token datasets pad
         with 0); such targets count in neither the loss nor the error.
+      top_k: k of multi-label recall@k.
     """
 
     model: Model
     excluded_target_ids: tuple[int, ...] = ()
     pad_id: int = 0
+    top_k: int = 5
 
     def example_stats(self, params: Params, batch, key: Key | None = None) -> ExampleStats:
         """Per-example loss and error sums; `key` drives dropout and augmentation (training)."""
@@ -77,13 +89,24 @@ class Task(NamedTuple):
             logits = self.model.apply(params, batch["x"], key=key)
         else:
             logits = self.model.apply(params, batch["x"])
-        return target_stats(logits, batch["y"], self.excluded_target_ids, self.pad_id)
+        return target_stats(logits, batch["y"], self.excluded_target_ids, self.pad_id, self.top_k)
 
 
 def target_stats(
-    logits: jax.Array, targets: jax.Array, excluded_target_ids: tuple[int, ...] = (), pad_id: int = 0
+    logits: jax.Array,
+    targets: jax.Array,
+    excluded_target_ids: tuple[int, ...] = (),
+    pad_id: int = 0,
+    top_k: int = 5,
 ) -> ExampleStats:
-    """`ExampleStats` of logits against targets (the three kinds of `Task`)."""
+    """`ExampleStats` of logits against targets (the four kinds of `Task`)."""
+    if targets.ndim == 2 and logits.ndim == 2:
+        if targets.dtype == jnp.int32:
+            raise ValueError(
+                f"int32 targets {targets.shape} are token ids, which need logits [B, L, V] "
+                f"(got {logits.shape}); multi-label targets are uint8, bool or float indicators"
+            )
+        return multi_label_stats(logits, targets, top_k)
     targets = targets.astype(jnp.int32)
     counted = jnp.ones(targets.shape, jnp.float32)
     for excluded in excluded_target_ids:
@@ -108,6 +131,30 @@ def target_stats(
         errors = misclassification(logits, targets)
     ones = jnp.ones_like(losses)
     return ExampleStats(loss=losses, loss_weight=ones, error=errors * counted, error_weight=counted)
+
+
+def multi_label_stats(logits: jax.Array, targets: jax.Array, top_k: int = 5) -> ExampleStats:
+    """Multi-label `ExampleStats`: mean sigmoid cross-entropy, and true labels missed by the top k.
+
+    Args:
+      logits: `[B, T]`.
+      targets: `[B, T]` indicators (nonzero: a true label).
+      top_k: k (Keras' `Recall(top_k=5)` for StackOverflow tags).
+    """
+    if logits.shape != targets.shape:
+        raise ValueError(f"multi-label logits {logits.shape} and targets {targets.shape} differ in shape")
+    k = min(top_k, logits.shape[-1])
+    truth = (targets != 0).astype(jnp.float32)
+    losses = jnp.mean(optax.sigmoid_binary_cross_entropy(logits, truth.astype(logits.dtype)), axis=-1)
+    _, top = jax.lax.top_k(logits, k)
+    hits = jnp.sum(jnp.take_along_axis(truth, top, axis=-1), axis=-1)
+    num_true = jnp.sum(truth, axis=-1)
+    return ExampleStats(
+        loss=losses.astype(jnp.float32),
+        loss_weight=jnp.ones_like(num_true),
+        error=num_true - hits,
+        error_weight=num_true,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,8 +395,9 @@ def client_loss_and_error(
 def client_means(sums: ExampleStats) -> tuple[jax.Array, jax.Array]:
     """(mean loss, mean error) from summed `ExampleStats` (any leading shape).
 
-    A client without a counted target (possible only for sequences whose
-    targets are all excluded from accuracy) gets error 0.
+    A client without a counted target (sequences whose targets are all
+    excluded from accuracy, multi-label examples without a true label) gets
+    error 0.
     """
     loss = sums.loss / jnp.maximum(sums.loss_weight, 1.0)
     error = jnp.where(sums.error_weight > 0, sums.error / jnp.maximum(sums.error_weight, 1.0), 0.0)

@@ -55,7 +55,7 @@ def sequence_task(rng):
 )
 def test_loop_round_is_jaxfls_round(baseline, make, num_epochs, max_steps):
     task, population = make(np.random.default_rng(0))
-    batch_size, clients_per_round, lr, rounds = 4, 4, 0.3, 2
+    batch_size, clients_per_round, lr, rounds = 4, 5, 0.3, 2
     key = jax.random.key(5)
     local = LocalTraining(batch_size=batch_size, num_epochs=num_epochs, max_steps=max_steps)
     algorithm = fedavg(task, local, clients_per_round, strategy=ClientStrategy("sequential"))
@@ -70,8 +70,12 @@ def test_loop_round_is_jaxfls_round(baseline, make, num_epochs, max_steps):
     )
     params = task.model.init(jax.random.key(0))
     initial = jax.device_get(params)
+    sampled = set()
     for r in range(rounds):
+        sampled |= set(np.asarray(loop.plan(key, r)[0]).tolist())
         params = loop.round(params, key, r, lr)
+    # The last client's remainder batch reaches past the population's last row (masked).
+    assert len(SIZES) - 1 in sampled
     got, want = jax.device_get(params), jax.device_get(state.params)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w, w0 in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(initial), strict=True):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data.writers import truncated_copy, write_idx
+from data.writers import stackoverflow_like, truncated_copy, write_idx, write_tff_hdf5
 from reference import assert_cli_refuses
 
 from jaxfl.cli import main
@@ -123,6 +123,36 @@ def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
     assert main(["run", *args]) == 0
     printed = capsys.readouterr().out
     assert "mnist: 6 training / 4 test clients" in printed
+
+
+def test_stackoverflow_tag_prediction_end_to_end(tmp_path, capsys):
+    # Tiny TFF HDF5 files with word and tag counts; the logistic model on the bag of words.
+    data = tmp_path / "so"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, sizes in (("train", [3, 1, 4, 2]), ("held_out", [2]), ("test", [1, 2])):
+        write_tff_hdf5(data / f"stackoverflow_{split}.h5", stackoverflow_like(rng, sizes))
+    (data / "stackoverflow.word_count").write_text("".join(f"tok{i} {100 - i}\n" for i in range(40)))
+    (data / "stackoverflow.tag_count").write_text(json.dumps({"python": 9, "c++": 7, "numpy": 5, "java": 1}))
+    out = tmp_path / "run"
+    args = [
+        "--dataset", "stackoverflow", "--data-dir", str(data),
+        "--dataset-option", "layout=tags", "--dataset-option", "vocab_size=30",
+        "--dataset-option", "num_tags=3",
+        "--model", "bag-logistic", "--algorithm", "fedavg", "--rounds", "2", "--eval-every", "2",
+        "--clients-per-round", "2", "--batch-size", "2", "--lr", "1.0", "--no-progress", "--out", str(out),
+    ]  # fmt: skip
+    assert main(["run", *args]) == 0
+    assert "stackoverflow: 4 training / 2 test clients" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"] == "bag-logistic" and config["dataset_options"]["layout"] == "tags"
+    rows = [row.split(",") for row in (out / "clients.csv").read_text().splitlines()]
+    header, test = rows[0], [dict(zip(rows[0], row, strict=True)) for row in rows[1:] if row[0] == "test"]
+    assert "targets" in header
+    # The test clients' true tags among the top 3 (python|numpy on odd posts, c++ on even ones):
+    # their pooled error is 1 - recall@5, and with 3 tags every true tag is in the top 5.
+    assert sum(float(c["targets"]) for c in test) == 1 + (1 + 2)
+    assert all(float(c["error"]) == 0.0 for c in test)
 
 
 @needs_fashion_mnist

@@ -228,3 +228,91 @@ def test_stochastic_models_get_a_key_per_step_from_the_client_key(stochastic):
             LocalTraining(batch_size=2),
         ).params["w"]
         assert not np.allclose(train(0), plain)
+
+
+# ---------------------------------------------------------------------------
+# Multi-label (StackOverflow tags): mean sigmoid cross-entropy, recall@5.
+
+
+def hand_multi_label_stats(logits, labels, k=5):
+    """Per example: (mean over outputs of the logistic loss, 1, true labels not in the top k, true labels)."""
+    out = []
+    for row_logits, row_labels in zip(logits.astype(np.float64), labels, strict=True):
+        losses = [
+            np.log1p(np.exp(-z)) if y else np.log1p(np.exp(z))
+            for z, y in zip(row_logits, row_labels, strict=True)
+        ]
+        top = sorted(range(len(row_logits)), key=lambda j: -row_logits[j])[:k]
+        true = [j for j, y in enumerate(row_labels) if y]
+        hits = sum(1 for j in true if j in top)
+        out.append((np.mean(losses), 1.0, len(true) - hits, len(true)))
+    return np.array(out)
+
+
+def random_tags(rng, batch, tags):
+    labels = (rng.random((batch, tags)) < 0.2).astype(np.uint8)
+    labels[0] = 0  # A post without a known tag: it counts nothing in recall.
+    labels[1, :8] = 1  # More true tags than k.
+    return labels
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.float32])
+def test_multi_label_loss_and_recall_at_5_against_hand_computation(dtype):
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(6, 12)).astype(np.float32)
+    labels = random_tags(rng, 6, 12)
+    stats = jax.jit(target_stats)(logits, labels.astype(dtype))
+    chex.assert_shape(list(stats), [(6,)] * 4)
+    np.testing.assert_allclose(np.stack(stats, axis=1), hand_multi_label_stats(logits, labels), rtol=1e-5)
+
+
+def test_multi_label_top_k_is_a_task_field_and_vmaps_over_clients():
+    rng = np.random.default_rng(8)
+    logits = rng.normal(size=(3, 4, 9)).astype(np.float32)
+    labels = np.stack([random_tags(rng, 4, 9) for _ in range(3)])
+    model = Model(init=lambda key: {}, apply=lambda params, x: x, name="identity", flops_per_example=0)
+    task = Task(model, top_k=2)
+    stats = jax.vmap(lambda lg, y: task.example_stats({}, {"x": lg, "y": y}))(logits, labels)
+    for client in range(3):
+        np.testing.assert_allclose(
+            np.stack([s[client] for s in stats], axis=1),
+            hand_multi_label_stats(logits[client], labels[client], k=2),
+            rtol=1e-5,
+        )
+
+
+def test_int32_targets_with_one_logit_per_target_are_refused():
+    with pytest.raises(ValueError, match="token ids"):
+        target_stats(np.zeros((2, 5), np.float32), np.zeros((2, 5), np.int32))
+
+
+def test_pooled_per_client_errors_give_recall_at_5():
+    # Per-client metrics on a bag-logistic model: a client's loss is the mean of its
+    # examples' mean cross-entropies; its errors pooled by true tags are 1 - recall@5
+    # over all examples, as tf.keras.metrics.Recall(top_k=5) accumulates it.
+    from jaxfl.models import make_model
+
+    words, tags, length = 30, 12, 8
+    model = make_model("bag-logistic", (length,), tags, input_vocab_size=words + 4)
+    rng = np.random.default_rng(9)
+    params = jax.tree.map(
+        lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), model.init(jax.random.key(0))
+    )
+    clients = []
+    for size in (5, 1, 7, 3):
+        x = rng.integers(0, words + 4, (size, length)).astype(np.int32)
+        clients.append({"x": x, "y": random_tags(rng, max(size, 2), tags)[:size]})
+    clients[1]["y"][:] = 0  # A client without a known tag.
+    population = pack_clients(clients)
+    task = Task(model)
+    metrics = per_client_metrics(task, params, population, chunk_rows=4)
+    hits = true = 0
+    for i, client in enumerate(clients):
+        expected = hand_multi_label_stats(np.asarray(model.apply(params, client["x"])), client["y"])
+        np.testing.assert_allclose(metrics.loss[i], expected[:, 0].mean(), rtol=1e-5)
+        assert metrics.targets[i] == expected[:, 3].sum()
+        hits += expected[:, 3].sum() - expected[:, 2].sum()
+        true += expected[:, 3].sum()
+    assert metrics.error[1] == 0 and metrics.targets[1] == 0
+    pooled_recall = np.sum(metrics.targets * (1 - metrics.error)) / np.sum(metrics.targets)
+    np.testing.assert_allclose(pooled_recall, hits / true, rtol=1e-5)

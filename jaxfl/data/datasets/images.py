@@ -201,7 +201,9 @@ def _cifar_dataset(
     )
     source = find_file(search_directories(data_dir), names)
     if source is None:
-        raise missing(dataset, " or ".join(names), [data_dir] if data_dir else [])
+        # CIFAR-100 is read first as TFF's federated split (the caller); name those files too.
+        tff = ["fed_cifar100_train.h5", "cifar100.sqlite(.lzma)"] if variant == 100 else []
+        raise missing(dataset, " or ".join([*tff, *names]), [data_dir] if data_dir else [])
 
     def build(builder):
         if source.is_file():

@@ -1,4 +1,4 @@
-"""StackOverflow next-word prediction, one client per user (TFF's federated StackOverflow).
+"""StackOverflow next-word and tag prediction, one client per user (TFF's federated StackOverflow).
 
 Files recognized in `--data-dir` (data-sources.md 2(a), 2(a'), 2(b)):
 
@@ -10,14 +10,33 @@ Files recognized in `--data-dir` (data-sources.md 2(a), 2(a'), 2(b)):
   FedJAX's id layout: pad 0, bos 1, eos 2, words, oov). Without it, the
   words are counted over the training clients first (one more pass; ties in
   first-seen order) and the description says so.
+* the tags (layout 'tags' only, required there): TFF's
+  `stackoverflow.tag_count` (a JSON object `{tag: count}`), the top
+  `num_tags` tags (`jaxfl.data.text.TagVocabulary`).
 
-Each example is one post's `tokens` (space-separated). Layouts:
+Each example is one post's `tokens` (space-separated; TFF's examples are
+sentences of posts, each with its post's title and tags). Layouts:
 
 * 'next-word' (one label per example, for the models that predict one
   class): every target of a post, `[bos] + ids + [eos]`, is one example: x
   the `sequence_length` ids before it (left-padded with pad), y the id.
 * 'sequence' (FedJAX/TFF, for sequence models): x `[L]`, y `[L]` as
   `jaxfl.data.text.word_sequences` builds them.
+* 'tags' (Reddi et al. 2021's StackOverflow LR, multi-label): one example
+  per post. x int32 `[max_words]`: the ids of the post's words (pad 0
+  after them), y uint8 `[num_tags]`: 1 for each of the post's tags among the
+  top `num_tags`. The words are those of TFF's bag of words
+  (`google-research/federated : utils/datasets/stackoverflow_lr_dataset.py`,
+  `build_to_ids_fn`, and TFF's `tag_prediction_preprocessing.py`):
+  `tokens + " " + title` split on ASCII whitespace, out-of-vocabulary words
+  kept as the oov id (they count in the bag's denominator in Reddi et al.'s
+  code); here the title's words come first, so that a post of more than
+  `max_words` words loses its last body words rather than its title (a bag
+  does not depend on the order). The features themselves (the mean one-hot)
+  are computed from the ids by the model ('bag-logistic'); the description
+  and the statistics say how many posts were truncated. Tags are split on
+  '|'; tags outside the top `num_tags` are dropped, and a post without any
+  has an all-zero label (it counts nothing in recall@5).
 
 Populations: train, test, and the held-out clients as the validation
 population. A client's posts are capped at `max_examples_per_client` (its
@@ -29,6 +48,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,10 +71,12 @@ from jaxfl.data.datasets.common import (
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
-from jaxfl.data.text import WordVocabulary, word_sequences
+from jaxfl.data.text import TagVocabulary, WordVocabulary, word_sequences
 
-_CONVERTER_VERSION = 2  # 2: excluded_target_ids
-LAYOUTS = ("next-word", "sequence")
+_CONVERTER_VERSION = 3  # 2: excluded_target_ids; 3: layout 'tags'
+LAYOUTS = ("next-word", "sequence", "tags")
+# TF's `tf.strings.split(s)` (no separator) splits on ASCII whitespace and drops empty words.
+_ASCII_WHITESPACE = re.compile("[ \t\n\r\x0b\x0c]+")
 
 
 def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
@@ -87,13 +109,57 @@ def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
     )
 
 
-def _posts(features: dict, where: str) -> list[str]:
-    if "tokens" not in features:
-        raise DataFileError(f"{where}: no 'tokens' feature (features: {', '.join(features)})")
+def _posts(features: dict, where: str, name: str = "tokens") -> list[str]:
+    if name not in features:
+        raise DataFileError(f"{where}: no {name!r} feature (features: {', '.join(features)})")
     return [
         t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-        for t in np.asarray(features["tokens"]).reshape(-1)
+        for t in np.asarray(features[name]).reshape(-1)
     ]
+
+
+def post_words(tokens: str, title: str) -> list[str]:
+    """The words of a post's bag: its title's, then its tokens' (TFF splits `tokens + " " + title`)."""
+    return [w for w in _ASCII_WHITESPACE.split(f"{title} {tokens}") if w]
+
+
+def tag_examples(
+    tokens: list[str], titles: list[str], tags: list[str], vocab: WordVocabulary, tag_vocab: TagVocabulary,
+    max_words: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layout 'tags' of one client's posts.
+
+    Returns:
+      x int32 `[n, max_words]` (word ids, then pad), y uint8 `[n, num_tags]`
+      (multi-hot), and each post's number of words before truncation.
+    """
+    n = len(tokens)
+    x = np.full((n, max_words), vocab.pad_id, np.int32)
+    y = np.zeros((n, tag_vocab.size), np.uint8)
+    lengths = np.zeros(n, np.int64)
+    for i, (text, title, post_tags) in enumerate(zip(tokens, titles, tags, strict=True)):
+        words = post_words(text, title)
+        lengths[i] = len(words)
+        if words:
+            ids = vocab.encode(" ".join(words[:max_words]))
+            x[i, : ids.size] = ids
+        y[i, tag_vocab.encode(post_tags)] = 1
+    return x, y, lengths
+
+
+def _length_summary(histogram: np.ndarray, max_words: int) -> dict[str, float | int]:
+    """Words per post (percentiles from the histogram) and how many posts were truncated."""
+    total = int(histogram.sum())
+    cumulative = np.cumsum(histogram)
+    summary: dict[str, float | int] = {}
+    for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999)):
+        summary[name] = int(np.searchsorted(cumulative, q * total)) if total else 0
+    summary["max"] = int(np.flatnonzero(histogram)[-1]) if total else 0
+    summary["truncated_posts"] = int(histogram[max_words + 1 :].sum())
+    summary["dropped_words"] = int(
+        (histogram[max_words + 1 :] * (np.arange(max_words + 1, histogram.size) - max_words)).sum()
+    )
+    return summary
 
 
 def next_word_examples(ids_per_post: list[np.ndarray], vocab: WordVocabulary, length: int):
@@ -118,16 +184,22 @@ def stackoverflow(
     sequence_length: int = 20,
     layout: str = "next-word",
     max_examples_per_client: int | None = 1000,
+    num_tags: int = 500,
+    max_words: int = 128,
 ) -> FederatedDataset:
     """Federated StackOverflow from TFF or FedJAX files (see the module docstring).
 
     Args:
       data_dir: where the files are (required).
       vocab_size: words in the vocabulary (Reddi et al., TFF, FedJAX: 10,000).
-      sequence_length: L, words of context (TFF, FedJAX: 20).
-      layout: 'next-word' or 'sequence'.
+      sequence_length: L, words of context (TFF, FedJAX: 20); not used by 'tags'.
+      layout: 'next-word', 'sequence' or 'tags'.
       max_examples_per_client: posts kept per client (its first ones); None
         keeps all.
+      num_tags: layout 'tags': the tags predicted, the most used ones
+        (Reddi et al., TFF: 500).
+      max_words: layout 'tags': words kept per post (title first); longer
+        posts are truncated (counted in the statistics and the description).
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache), token inputs.
@@ -136,15 +208,29 @@ def stackoverflow(
     sequence_length = check_positive_int("sequence_length", sequence_length)
     check_option("layout", layout, LAYOUTS)
     cap = check_positive_int("max_examples_per_client", max_examples_per_client, optional=True)
+    num_tags = check_positive_int("num_tags", num_tags)
+    max_words = check_positive_int("max_words", max_words)
     directory = check_data_dir(data_dir, "stackoverflow")
     if directory is None:
         raise missing("stackoverflow", "StackOverflow files", "(no --data-dir given)")
     source_format, sources = _sources(directory)
     directories = [directory, *sorted(p for p in directory.iterdir() if p.is_dir())]
     word_count = find_file_or_archive(directories, "stackoverflow.word_count")
+    tag_count = None
+    if layout == "tags":
+        tag_count = find_file_or_archive(directories, "stackoverflow.tag_count")
+        if tag_count is None:
+            raise missing(
+                "stackoverflow",
+                "stackoverflow.tag_count (or stackoverflow.tag_count.tar.bz2; layout 'tags' needs it)",
+                directories,
+            )
     options = dict(
         vocab_size=vocab_size, sequence_length=sequence_length, layout=layout, max_examples_per_client=cap
     )
+    if layout == "tags":
+        options.update(num_tags=num_tags, max_words=max_words)
+        del options["sequence_length"]
 
     def vocabulary() -> tuple[WordVocabulary, str]:
         if word_count is not None:
@@ -172,20 +258,44 @@ def stackoverflow(
         words = [w for w, _ in counts.most_common(vocab_size)]
         return WordVocabulary(words), f"top {len(words)} words counted over the training clients"
 
+    def tag_vocabulary() -> TagVocabulary:
+        try:
+            text = tag_count.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataFileError(f"{tag_count}: unreadable ({error})") from None
+        try:
+            return TagVocabulary.from_tag_count(text, num_tags)
+        except ValueError as error:
+            raise DataFileError(f"{tag_count}: {error}") from None
+
     def build(builder):
         vocab, vocab_note = vocabulary()
+        tag_vocab = tag_vocabulary() if layout == "tags" else None
         statistics = {}
         for population, source in sources.items():
             writer = builder.population(population)
             counts = []
+            histogram = np.zeros(max_words + 2, np.int64)
             with (
                 progress_bar(source.total, f"stackoverflow {population} clients") as bar,
                 contextlib.closing(source.clients()) as clients,
             ):
                 for client, features in clients:
                     bar.update(1)
-                    posts = _posts(features, f"{source.path}: {client}")[:cap]
+                    where = f"{source.path}: {client}"
+                    posts = _posts(features, where)[:cap]
                     if not posts:
+                        continue
+                    if layout == "tags":
+                        titles = _posts(features, where, "title")[:cap]
+                        tags = _posts(features, where, "tags")[:cap]
+                        x, y, lengths = tag_examples(posts, titles, tags, vocab, tag_vocab, max_words)
+                        lengths = np.bincount(lengths)
+                        if lengths.size > histogram.size:
+                            histogram = np.pad(histogram, (0, lengths.size - histogram.size))
+                        histogram[: lengths.size] += lengths
+                        writer.add(client, {"x": x, "y": y})
+                        counts.append(len(y))
                         continue
                     if layout == "sequence":
                         pairs = [word_sequences(p, vocab, sequence_length) for p in posts]
@@ -198,6 +308,25 @@ def stackoverflow(
             if not counts:
                 raise DataFileError(f"{source.path}: no {population} client has a post")
             statistics[population] = size_statistics(np.asarray(counts))
+            if layout == "tags":
+                statistics[population]["words_per_post"] = _length_summary(histogram, max_words)
+        if layout == "tags":
+            words = statistics["train"]["words_per_post"]
+            posts = statistics["train"]["examples"]
+            return {
+                "num_classes": tag_vocab.size,
+                "input_shape": [max_words],
+                "input_vocab_size": vocab.size,
+                "description": (
+                    f"StackOverflow by user ({source_format}, {directory}), tag prediction: the "
+                    f"{tag_vocab.size} most used tags of {tag_count.name} (multi-hot) from the words of "
+                    f"title + tokens (<= {max_words} ids per post; {words['truncated_posts']} of {posts} "
+                    f"training posts longer, 99th percentile {words['p99']} words), vocabulary: "
+                    f"{vocab_note}, <= {cap} posts per client"
+                ),
+                "statistics": statistics,
+                "format": source_format,
+            }
         return {
             "num_classes": vocab.size,
             "input_shape": [sequence_length],
@@ -212,5 +341,5 @@ def stackoverflow(
             "format": source_format,
         }
 
-    files = [s.path for s in sources.values()] + ([word_count] if word_count else [])
+    files = [s.path for s in sources.values()] + [f for f in (word_count, tag_count) if f is not None]
     return load_cached("stackoverflow", options, files, build, converter_version=_CONVERTER_VERSION)

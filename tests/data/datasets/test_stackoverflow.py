@@ -8,6 +8,7 @@ out of vocabulary V + 3).
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -290,7 +291,14 @@ def test_tokens_feature_missing(tmp_path):
 
 @pytest.mark.parametrize(
     "option, value",
-    [("vocab_size", 0), ("sequence_length", -1), ("layout", "bag-of-words"), ("max_examples_per_client", 0)],
+    [
+        ("vocab_size", 0),
+        ("sequence_length", -1),
+        ("layout", "bag-of-words"),
+        ("max_examples_per_client", 0),
+        ("num_tags", 0),
+        ("max_words", 0),
+    ],
 )
 def test_bad_option_value(tmp_path, option, value):
     write_stackoverflow(tmp_path, "tff-hdf5", make_users())
@@ -321,4 +329,107 @@ def test_cache_converts_once_per_files_and_options(tmp_path, monkeypatch):
     os.utime(word_count, ns=(newer, newer))
     load_dataset("stackoverflow", data_dir=tmp_path, vocab_size=10)
     assert len(calls) == 3 * converted and len(entries("stackoverflow")) == 3
+    assert_no_staging()
+
+
+# ---------------------------------------------------------------------------
+# Layout 'tags' (Reddi et al.'s StackOverflow tag prediction).
+
+TAG_COUNTS = {"python": 50, "java": 40, "c++": 40, "numpy": 30, "never-used": 20, "rare-tag": 1}
+TAG_POOL = ["python", "java", "c++", "numpy", "rare-tag", "unlisted"]
+
+
+def tagged_users(seed: int):
+    """`make_users` with titles of data words (irregular spaces, tabs) and tags drawn from TAG_POOL."""
+    rng = np.random.default_rng(seed)
+    splits = make_users(seed)
+    for clients in splits.values():
+        for client in clients.values():
+            n = len(client["tokens"])
+            titles, tags = [], []
+            for j in range(n):
+                words = [f"tok{int(t)}" for t in rng.integers(0, 60, int(rng.integers(0, 5)))]
+                titles.append(("  " if j % 2 else "\t").join(words + ["?"]))
+                chosen = rng.choice(TAG_POOL, int(rng.integers(0, 4)), replace=False)
+                tags.append("|".join(chosen))
+            client["title"] = np.array([t.encode() for t in titles], dtype=object)
+            client["tags"] = np.array([t.encode() for t in tags], dtype=object)
+    return splits
+
+
+def write_tag_count(directory, counts=TAG_COUNTS):
+    """TFF's `stackoverflow.tag_count`: a JSON object {tag: count}."""
+    path = directory / "stackoverflow.tag_count"
+    path.write_text(json.dumps(counts))
+    return path
+
+
+def tag_examples(clients, name, words, num_tags, max_words):
+    """x: ids of title words then token words, truncated, padded with 0; y: multi-hot of the top tags."""
+    top = sorted(TAG_COUNTS, key=lambda t: -TAG_COUNTS[t])[:num_tags]
+    xs, ys = [], []
+    client = clients[name]
+    for tokens, title, tags in zip(client["tokens"], client["title"], client["tags"], strict=True):
+        ids = ids_of(" ".join(title.decode().split() + tokens.decode().split()), words)[:max_words]
+        xs.append(ids + [PAD] * (max_words - len(ids)))
+        ys.append([int(t in tags.decode().split("|")) for t in top])
+    return {"x": np.array(xs, np.int32), "y": np.array(ys, np.uint8)}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tags_round_trip(tmp_path, fmt):
+    splits = tagged_users(seed=6)
+    write_stackoverflow(tmp_path, fmt, splits)
+    write_word_count(tmp_path, WORDS)
+    write_tag_count(tmp_path)
+    data = load_dataset("stackoverflow", data_dir=tmp_path, layout="tags", vocab_size=20, num_tags=4)
+    assert data.num_classes == 4 and data.input_shape == (128,) and data.input_vocab_size == 24
+    assert data.excluded_target_ids == ()
+    for population, name in ((data.train, "train"), (data.test, "test"), (data.validation, "held_out")):
+        clients = splits[name]
+        assert population.client_names() == sorted(clients)
+        got = clients_of(population)
+        for client in sorted(clients):
+            want = tag_examples(clients, client, WORDS[:20], 4, 128)
+            for key in ("x", "y"):
+                assert got[client][key].dtype == want[key].dtype
+                np.testing.assert_array_equal(got[client][key], want[key], err_msg=f"{client} {key}")
+    assert "0 of 8 training posts longer" in data.description
+    assert "4 most used tags of stackoverflow.tag_count" in data.description
+
+
+def test_tags_truncate_long_posts_and_cap_posts(tmp_path):
+    splits = tagged_users(seed=7)
+    write_stackoverflow(tmp_path, "tff-hdf5", splits)
+    write_word_count(tmp_path, WORDS)
+    write_tag_count(tmp_path)
+    data = load_dataset(
+        "stackoverflow", data_dir=tmp_path, layout="tags", vocab_size=30, num_tags=6, max_words=6,
+        max_examples_per_client=2,
+    )
+    assert data.input_shape == (6,) and data.num_classes == 6
+    got = clients_of(data.train)
+    longer = 0
+    for client in sorted(splits["train"]):
+        want = tag_examples(splits["train"], client, WORDS[:30], 6, 6)
+        for key in ("x", "y"):
+            np.testing.assert_array_equal(got[client][key], want[key][:2], err_msg=f"{client} {key}")
+        arrays = splits["train"][client]
+        for tokens, title in zip(arrays["tokens"][:2], arrays["title"][:2], strict=True):
+            longer += len(title.split() + tokens.split()) > 6
+    assert longer > 0
+    assert f"{longer} of {int(data.train.counts.sum())} training posts longer" in data.description
+
+
+def test_tags_need_the_tag_count_file(tmp_path):
+    write_stackoverflow(tmp_path, "tff-hdf5", tagged_users(seed=8))
+    write_word_count(tmp_path, WORDS)
+    with pytest.raises(MissingDataError) as excinfo:
+        load_dataset("stackoverflow", data_dir=tmp_path, layout="tags", vocab_size=20)
+    check_message(excinfo, "stackoverflow", "stackoverflow.tag_count", tmp_path, kind=MissingDataError)
+    assert entries("stackoverflow") == []
+    (tmp_path / "stackoverflow.tag_count").write_text("python 12\n")
+    with pytest.raises(DataFileError) as excinfo:
+        load_dataset("stackoverflow", data_dir=tmp_path, layout="tags", vocab_size=20)
+    check_message(excinfo, "stackoverflow", "stackoverflow.tag_count", "not JSON")
     assert_no_staging()
