@@ -34,8 +34,8 @@ PRESETS = {
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --algorithm deltafl",
         "--workload emnist-cnn --strategy chunked:20 --rounds 3 --repeats 1",
     ],
-    # Run with --devices 2 (one XLA device per core, as the CLI does); the
-    # strategy and local loop are the defaults ('auto').
+    # One XLA device per core by default, as the CLI; the strategy and local
+    # loop are the defaults ('auto').
     "cpu": [
         "--workload emnist-linear --rounds 10 --repeats 2",
         "--workload emnist-linear --rounds 10 --repeats 2 --algorithm deltafl",
@@ -69,12 +69,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--devices", type=int, default=None,
-        help="CPU devices to create (one process, so one count for the whole preset)",
+        help="CPU devices to create (one process, so one count for the whole preset; default: "
+        "the CLI's, one per core)",
     )
     args = parser.parse_args()
     from jaxfl.xla_cpu import configure_cpu
 
-    configure_cpu(args.devices or 1)  # Before JAX starts, as the CLI does.
+    configure_cpu(args.devices)  # Before JAX starts, as the CLI does (None: one per core).
     import rounds_per_second
 
     for line in PRESETS[args.preset]:

@@ -230,16 +230,39 @@ def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
 
     The order in which a client visits its examples in each epoch.
 
-    Each epoch's order comes from `fold_in(key, epoch)`. Positions past
+    Each epoch's order comes from `fold_in(key, epoch)`: the positions sorted
+    by random keys (ties, which are rare, broken by position). Positions past
     `count` sort last, so the first `count` entries are the permutation.
-    """
 
-    def one(epoch):
+    For clients of at most 2^10 examples the random key and the position are
+    packed into one uint32 (position in the low bits, >= 21 random bits above,
+    the top bit marking padding), and one array is sorted instead of a
+    key-value pair: XLA:CPU sorts it 4-5x faster (100 clients of 400: 0.97 ms
+    against 4.1-5.3 ms; benchmarks/RESULTS.md), which is ~8% of an
+    emnist-linear round. The keys' resolution matches the float32 keys of the
+    general path (23 random bits).
+    """
+    positions = jnp.arange(max_count, dtype=jnp.uint32)
+    position_bits = max(1, (max_count - 1).bit_length())
+
+    def packed(epoch):
+        random_bits = 31 - position_bits
+        draws = jax.random.bits(jax.random.fold_in(key, epoch), (max_count,), jnp.uint32)
+        keys = ((draws >> (32 - random_bits)) << position_bits) | positions
+        keys = jnp.where(positions < count, keys, jnp.uint32(1 << 31) | positions)
+        return (jnp.sort(keys) & jnp.uint32((1 << position_bits) - 1)).astype(jnp.int32)
+
+    def general(epoch):
         u = jax.random.uniform(jax.random.fold_in(key, epoch), (max_count,))
         u = jnp.where(jnp.arange(max_count) < count, u, 2.0)
         return jnp.argsort(u).astype(jnp.int32)
 
+    one = packed if position_bits <= _PACKED_POSITION_BITS else general
     return jax.vmap(one)(jnp.arange(num_epochs))
+
+
+# Up to this many position bits, `epoch_orders` sorts packed uint32 keys.
+_PACKED_POSITION_BITS = 10
 
 
 def local_sgd(
