@@ -69,6 +69,8 @@ PRESETS: dict[str, TaskPreset] = {
                 "vocabulary": "delta-fl",
                 "split": "roles",
                 "test_fraction": 0.5,
+                # LEAF's -k 100: roles with at least 100 windows of 20 + 1 characters.
+                "min_chars": 120,
             },
             "model": "char-gru",
             "algorithm": "fedavg,deltafl",

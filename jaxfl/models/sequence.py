@@ -135,28 +135,99 @@ class LSTM(nnx.Module):
         Returns:
           `(outputs [B, L, H], final hidden state h [B, H])`.
         """
-        recurrent = self.recurrent_kernel[...]
-        recurrent_bias = None if self.recurrent_bias is None else self.recurrent_bias[...].reshape(1, -1)
+        bias = self.bias[...]
+        if self.recurrent_bias is not None:
+            bias = bias + self.recurrent_bias[...]  # z = x W + h U + b_ih + b_hh.
         # The input products of all steps as one matrix product, outside the scan.
-        inputs = jnp.swapaxes(xs @ self.kernel[...] + self.bias[...].reshape(1, 1, -1), 0, 1)  # [L, B, 4H]
-
-        def step(carry, inp):
-            h, c = carry
-            z = inp[0] + h @ recurrent
-            if recurrent_bias is not None:
-                z = z + recurrent_bias
-            i, f, g, o = jnp.split(z, 4, axis=-1)
-            c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-            h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
-            if mask is not None:
-                keep = inp[1][:, None]
-                h_new, c_new = jnp.where(keep, h_new, h), jnp.where(keep, c_new, c)
-            return (h_new, c_new), h_new
-
-        zeros = jnp.zeros((xs.shape[0], self.hidden_size), inputs.dtype)
-        scanned = (inputs,) if mask is None else (inputs, jnp.swapaxes(mask, 0, 1))
-        (h, _), outputs = jax.lax.scan(step, (zeros, zeros), scanned)
+        inputs = jnp.swapaxes(xs @ self.kernel[...] + bias.reshape(1, 1, -1), 0, 1)  # [L, B, 4H]
+        keep = jnp.ones(inputs.shape[:2], bool) if mask is None else jnp.swapaxes(mask, 0, 1)
+        outputs, h = lstm_recurrence(inputs, self.recurrent_kernel[...], keep)
         return jnp.swapaxes(outputs, 0, 1), h
+
+
+def _lstm_forward_scan(inputs, recurrent, keep):
+    """The recurrence of `LSTM`, with what the backward pass needs."""
+
+    def step(carry, inp):
+        h, c = carry
+        z, kept = inp
+        i, f, g, o = jnp.split(z + h @ recurrent, 4, axis=-1)
+        i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
+        c_new = f * c + i * g
+        tanh_c = jnp.tanh(c_new)
+        h_new = o * tanh_c
+        kept = kept[:, None]
+        h_new, c_new = jnp.where(kept, h_new, h), jnp.where(kept, c_new, c)
+        return (h_new, c_new), (h_new, (h, c, i, f, g, o, tanh_c))
+
+    zeros = jnp.zeros((inputs.shape[1], recurrent.shape[0]), inputs.dtype)
+    (h, _), (outputs, saved) = jax.lax.scan(step, (zeros, zeros), (inputs, keep))
+    return outputs, h, saved
+
+
+@jax.custom_vjp
+def lstm_recurrence(inputs: jax.Array, recurrent: jax.Array, keep: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`h_t, c_t` of `LSTM` from `z_t = inputs[t] + h_{t-1} U` over t, from zero states.
+
+    Args:
+      inputs: `[L, B, 4H]`, x_t W + b for every step (gate order i, f, g, o).
+      recurrent: U `[H, 4H]`.
+      keep: `[L, B]` bool; where False the step keeps the previous state.
+
+    Returns:
+      (`[L, B, H]` hidden states, `[B, H]` final hidden state).
+
+    Its VJP is written by hand so that the gradient of U is one matrix
+    product after the backward scan (`sum_t h_{t-1}^T dz_t` over all steps
+    at once) instead of an `[H, 4H]` accumulation at each step, which is what
+    autodiff of the scan does: on CPU each step then re-reads and re-writes
+    U's gradient (1 MB for H = 256, beyond the L2 cache). The input products'
+    gradient `dz` is returned for all steps, so `x W` is differentiated
+    outside as one product too.
+    """
+    outputs, h, _ = _lstm_forward_scan(inputs, recurrent, keep)
+    return outputs, h
+
+
+def _lstm_recurrence_forward(inputs, recurrent, keep):
+    outputs, h, saved = _lstm_forward_scan(inputs, recurrent, keep)
+    return (outputs, h), (recurrent, keep, saved)
+
+
+def _lstm_recurrence_backward(residuals, cotangents):
+    recurrent, keep, saved = residuals
+    d_outputs, d_final = cotangents
+    transposed = recurrent.T
+
+    def step(carry, inp):
+        dh, dc = carry
+        d_output, kept, (h_prev, c_prev, i, f, g, o, tanh_c) = inp
+        dh = dh + d_output
+        dc_new = dc + dh * o * (1.0 - tanh_c**2)
+        dz = jnp.concatenate(
+            [
+                dc_new * g * i * (1.0 - i),
+                dc_new * c_prev * f * (1.0 - f),
+                dc_new * i * (1.0 - g**2),
+                dh * tanh_c * o * (1.0 - o),
+            ],
+            axis=-1,
+        )
+        kept = kept[:, None]
+        dz = jnp.where(kept, dz, 0.0)
+        # A kept-out step passes its state's gradient straight to the previous state.
+        dh_prev = jnp.where(kept, dz @ transposed, dh)
+        dc_prev = jnp.where(kept, dc_new * f, dc)
+        return (dh_prev, dc_prev), dz
+
+    zeros = jnp.zeros_like(d_final)
+    _, dz = jax.lax.scan(step, (d_final, zeros), (d_outputs, keep, saved), reverse=True)
+    h_prev = saved[0]
+    d_recurrent = jnp.einsum("lbh,lbg->hg", h_prev, dz)
+    return dz, d_recurrent, None
+
+
+lstm_recurrence.defvjp(_lstm_recurrence_forward, _lstm_recurrence_backward)
 
 
 class GRU(nnx.Module):
