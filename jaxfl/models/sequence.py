@@ -262,24 +262,75 @@ class GRU(nnx.Module):
         Returns:
           `(outputs [B, L, H], final hidden state [B, H])`.
         """
-        recurrent, recurrent_bias = self.recurrent_kernel[...], self.recurrent_bias[...].reshape(1, -1)
         inputs = jnp.swapaxes(xs @ self.kernel[...] + self.bias[...].reshape(1, 1, -1), 0, 1)  # [L, B, 3H]
-
-        def step(h, inp):
-            a_r, a_z, a_n = jnp.split(inp[0], 3, axis=-1)
-            u_r, u_z, u_n = jnp.split(h @ recurrent + recurrent_bias, 3, axis=-1)
-            r = jax.nn.sigmoid(a_r + u_r)
-            z = jax.nn.sigmoid(a_z + u_z)
-            n = jnp.tanh(a_n + r * u_n)
-            h_new = (1.0 - z) * n + z * h
-            if mask is not None:
-                h_new = jnp.where(inp[1][:, None], h_new, h)
-            return h_new, h_new
-
-        zeros = jnp.zeros((xs.shape[0], self.hidden_size), inputs.dtype)
-        scanned = (inputs,) if mask is None else (inputs, jnp.swapaxes(mask, 0, 1))
-        h, outputs = jax.lax.scan(step, zeros, scanned)
+        keep = jnp.ones(inputs.shape[:2], bool) if mask is None else jnp.swapaxes(mask, 0, 1)
+        outputs, h = gru_recurrence(inputs, self.recurrent_kernel[...], self.recurrent_bias[...], keep)
         return jnp.swapaxes(outputs, 0, 1), h
+
+
+def _gru_forward_scan(inputs, recurrent, recurrent_bias, keep):
+    """The recurrence of `GRU`, with what the backward pass needs."""
+
+    def step(h, inp):
+        a, kept = inp
+        a_r, a_z, a_n = jnp.split(a, 3, axis=-1)
+        u_r, u_z, u_n = jnp.split(h @ recurrent + recurrent_bias.reshape(1, -1), 3, axis=-1)
+        r = jax.nn.sigmoid(a_r + u_r)
+        z = jax.nn.sigmoid(a_z + u_z)
+        n = jnp.tanh(a_n + r * u_n)
+        h_new = jnp.where(kept[:, None], (1.0 - z) * n + z * h, h)
+        return h_new, (h_new, (h, r, z, n, u_n))
+
+    zeros = jnp.zeros((inputs.shape[1], recurrent.shape[0]), inputs.dtype)
+    h, (outputs, saved) = jax.lax.scan(step, zeros, (inputs, keep))
+    return outputs, h, saved
+
+
+@jax.custom_vjp
+def gru_recurrence(
+    inputs: jax.Array, recurrent: jax.Array, recurrent_bias: jax.Array, keep: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The hidden states of `GRU` from `inputs[t] = x_t W + b` (`[L, B, 3H]`), U and b_h.
+
+    As `lstm_recurrence`: where `keep [L, B]` is False a step keeps the
+    previous state, and the hand-written VJP forms the gradients of U and b_h
+    after the backward scan, as one product and one sum over all steps.
+
+    Returns:
+      (`[L, B, H]` hidden states, `[B, H]` final hidden state).
+    """
+    outputs, h, _ = _gru_forward_scan(inputs, recurrent, recurrent_bias, keep)
+    return outputs, h
+
+
+def _gru_recurrence_forward(inputs, recurrent, recurrent_bias, keep):
+    outputs, h, saved = _gru_forward_scan(inputs, recurrent, recurrent_bias, keep)
+    return (outputs, h), (recurrent, keep, saved)
+
+
+def _gru_recurrence_backward(residuals, cotangents):
+    recurrent, keep, saved = residuals
+    d_outputs, d_final = cotangents
+    transposed = recurrent.T
+
+    def step(dh, inp):
+        d_output, kept, (h_prev, r, z, n, u_n) = inp
+        dh = dh + d_output
+        dn = dh * (1.0 - z) * (1.0 - n**2)
+        dr = dn * u_n * r * (1.0 - r)
+        dz = dh * (h_prev - n) * z * (1.0 - z)
+        kept = kept[:, None]
+        da = jnp.where(kept, jnp.concatenate([dr, dz, dn], axis=-1), 0.0)
+        du = jnp.where(kept, jnp.concatenate([dr, dz, dn * r], axis=-1), 0.0)
+        dh_prev = jnp.where(kept, dh * z + du @ transposed, dh)
+        return dh_prev, (da, du)
+
+    _, (da, du) = jax.lax.scan(step, d_final, (d_outputs, keep, saved), reverse=True)
+    d_recurrent = jnp.einsum("lbh,lbg->hg", saved[0], du)
+    return da, d_recurrent, jnp.sum(du, axis=(0, 1)), None
+
+
+gru_recurrence.defvjp(_gru_recurrence_forward, _gru_recurrence_backward)
 
 
 def _cell(cell: str, in_features: int, hidden_size: int, rngs: nnx.Rngs) -> LSTM | GRU:

@@ -447,3 +447,32 @@ def test_lstm_recurrence_vjp_equals_autodiff_of_the_scan(masked):
     chex.assert_trees_all_close(
         jax.jit(custom_vjp)((d_outputs, d_final)), plain_vjp((d_outputs, d_final)), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_gru_recurrence_vjp_equals_autodiff_of_the_scan(masked):
+    from jaxfl.models.sequence import _gru_forward_scan, gru_recurrence
+
+    rng = np.random.default_rng(1)
+    length, batch, hidden = 6, 3, 4
+    inputs = jnp.asarray(rng.normal(size=(length, batch, 3 * hidden)), jnp.float32)
+    recurrent = jnp.asarray(rng.normal(size=(hidden, 3 * hidden)) / 2, jnp.float32)
+    recurrent_bias = jnp.asarray(rng.normal(size=(3 * hidden,)), jnp.float32)
+    keep = jnp.asarray(rng.random((length, batch)) > (0.3 if masked else -1.0))
+    cotangents = (
+        jnp.asarray(rng.normal(size=(length, batch, hidden)), jnp.float32),
+        jnp.asarray(rng.normal(size=(batch, hidden)), jnp.float32),
+    )
+
+    def plain(*args):
+        outputs, h, _ = _gru_forward_scan(*args, keep)
+        return outputs, h
+
+    def custom(*args):
+        return gru_recurrence(*args, keep)
+
+    args = (inputs, recurrent, recurrent_bias)
+    chex.assert_trees_all_close(custom(*args), plain(*args), rtol=1e-6, atol=1e-6)
+    _, plain_vjp = jax.vjp(plain, *args)
+    _, custom_vjp = jax.vjp(custom, *args)
+    chex.assert_trees_all_close(jax.jit(custom_vjp)(cotangents), plain_vjp(cotangents), rtol=1e-5, atol=1e-5)
