@@ -123,7 +123,8 @@ def main(argv=None) -> None:
         return jax.lax.map(one, (jnp.arange(len(counts), dtype=jnp.int32), keys))
 
     algorithm = fedavg(
-        task, config, len(counts), strategy=ClientStrategy("sequential"), server_tx=server_optimizer("sgd", 1.0)
+        task, config, len(counts), strategy=ClientStrategy("sequential"),
+        server_tx=server_optimizer("sgd", 1.0),
     )
     state = algorithm.init(params, {"lr": 0.05})
 
@@ -154,7 +155,8 @@ def main(argv=None) -> None:
     if args.out:
         with args.out.open("a") as f:
             for record in records:
-                f.write(json.dumps({**record, "date": time.strftime("%Y-%m-%d"), "load": os.getloadavg()}) + "\n")
+                stamp = {"date": time.strftime("%Y-%m-%d"), "load": os.getloadavg()}
+                f.write(json.dumps({**record, **stamp}) + "\n")
 
 
 if __name__ == "__main__":
