@@ -238,9 +238,9 @@ def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
     packed into one uint32 (position in the low bits, >= 21 random bits above,
     the top bit marking padding), and one array is sorted instead of a
     key-value pair: XLA:CPU sorts it 4-5x faster (100 clients of 400: 0.97 ms
-    against 4.1-5.3 ms; benchmarks/RESULTS.md), which is ~8% of an
-    emnist-linear round. The keys' resolution matches the float32 keys of the
-    general path (23 random bits).
+    against 4.1-5.3 ms; an emnist-linear round gained 2%, benchmarks/RESULTS.md).
+    The keys' resolution matches the float32 keys of the general path (23
+    random bits).
     """
     positions = jnp.arange(max_count, dtype=jnp.uint32)
     position_bits = max(1, (max_count - 1).bit_length())
