@@ -3,21 +3,32 @@
     jaxfl run [--config FILE] [--algorithm NAME[,NAME...]] [--rounds N] ...
     jaxfl sweep [run settings] --grid NAME=V1,V2,... [--grid ...]
     jaxfl family --thetas T1,T2,... [run settings]
+    jaxfl run --resume DIR          (also jaxfl sweep --resume DIR)
+    jaxfl evaluate DIR [--dataset NAME] [--dataset-option KEY=VALUE ...] [--out DIR2]
+    jaxfl report DIR [DIR ...] [--out REPORT_DIR]
     jaxfl list
 
 `jaxfl run` with no arguments is the main job: FedAvg on the label-shift
 dataset, printing a table of the test-error summary. Every setting of
 `jaxfl.experiment.config.RunConfig` is a flag and a config-file key; flags
 override the file. Invalid settings exit with status 2 and one line naming
-the setting and its allowed range, before anything is written.
+the setting and its allowed range, before anything is written. `jaxfl
+report` draws learning curves and per-client error figures (PNG files and one
+self-contained HTML page) from finished or running output folders.
+
+Exit statuses (docs/reliability.md): 0 done, 2 refused input, 3 a run
+diverged, 130 on SIGINT and 143 on SIGTERM (after saving a checkpoint when
+the run has --out; `--resume` continues it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from jaxfl.experiment.config import (
@@ -28,6 +39,7 @@ from jaxfl.experiment.config import (
     make_config,
     read_config_file,
 )
+from jaxfl.experiment.interrupts import Terminated, sigterm_as_interrupt
 from jaxfl.xla_cpu import configure_cpu
 
 EXIT_USAGE = 2
@@ -100,10 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = commands.add_parser("run", help="train and evaluate (the main job)")
     _add_run_arguments(run)
+    _add_resume_argument(run)
     sweep = commands.add_parser(
         "sweep", help="a grid of settings; numeric ones vmapped in one compiled round"
     )
     _add_run_arguments(sweep)
+    _add_resume_argument(sweep)
     sweep.add_argument(
         "--grid",
         action="append",
@@ -123,8 +137,71 @@ def build_parser() -> argparse.ArgumentParser:
         "--selection-fraction", type=float, default=0.5,
         help="share of each test client's examples used to choose its model (default 0.5)",
     )
+    evaluate = commands.add_parser(
+        "evaluate", help="evaluate a finished run's saved model(s) on a population"
+    )
+    evaluate.add_argument("dir", metavar="DIR", help="a finished run's output folder (or its model/)")
+    evaluate.add_argument("--dataset", help="the population (default: the run's own dataset)")
+    evaluate.add_argument("--data-dir", help="directory holding the dataset's files")
+    evaluate.add_argument(
+        "--dataset-option", action="append", type=_dataset_option, default=None, metavar="KEY=VALUE",
+        help="a dataset option (repeatable; with --dataset, replaces the run's options)",
+    )
+    evaluate.add_argument("--algorithm", help="which model, when DIR holds several algorithms'")
+    evaluate.add_argument("--out", help="write summary.json and clients.csv into this new folder")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    report = commands.add_parser(
+        "report", help="figures (PNG and one HTML page) from finished or running output folders"
+    )
+    report.add_argument(
+        "dirs", nargs="+", metavar="DIR",
+        help="output folders of run or sweep (DIR.partial is read while DIR does not exist yet)",
+    )
+    report.add_argument(
+        "--out", metavar="REPORT_DIR",
+        help="folder of the report: new, empty or an earlier report (default for one DIR: DIR/report)",
+    )
     commands.add_parser("list", help="list datasets, models, algorithms and task presets")
     return parser
+
+
+def _add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume", metavar="DIR",
+        help="continue the unfinished run whose --out was DIR, with its saved settings (bit for bit as "
+        "if never stopped)",
+    )
+
+
+def resume_settings(args: argparse.Namespace) -> tuple[RunConfig, dict[str, list[Any]] | None]:
+    """The saved config (and a sweep's grid) of the unfinished run at `--resume DIR`.
+
+    Only `--progress/--no-progress` may be given with it: any other setting
+    would make the resumed run another run.
+    """
+    from jaxfl.experiment.run_directory import STAGING_SUFFIX, OutputDirectory
+
+    given = [name for name in FIELDS if name != "progress" and getattr(args, name, None) is not None]
+    if args.config or args.dataset_option or getattr(args, "grid", None):
+        given.insert(0, "config" if args.config else ("dataset_option" if args.dataset_option else "grid"))
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"--resume continues the run's saved settings; {flag} cannot be given with it")
+    path = Path(args.resume)
+    if path.name.endswith(STAGING_SUFFIX):
+        path = path.with_name(path.name[: -len(STAGING_SUFFIX)])
+    output = OutputDirectory(path, command=args.command, resuming=True)
+    saved = read_config_file(output.staging / "config.json")
+    grid = saved.pop("grid", None)
+    saved["out"] = str(path)
+    if args.progress is not None:
+        saved["progress"] = args.progress
+    config = make_config(saved)
+    if grid is not None:
+        if not isinstance(grid, dict):
+            raise ConfigError(f"{output.staging / 'config.json'}: grid must be a table of lists")
+        grid = {name: [check_value(name, v) for v in values] for name, values in grid.items()}
+    return config, grid
 
 
 def _theta_list(text: str) -> list[float]:
@@ -136,6 +213,13 @@ def _theta_list(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"thetas must be a comma-separated list of numbers in (0, 1], got {text!r}"
         )
+    for theta in thetas:
+        try:
+            check_value("theta", theta)  # float32: no theta that computes as 0.
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(f"thetas: {error}") from None
+    if len(set(thetas)) < len(thetas):
+        raise argparse.ArgumentTypeError(f"thetas must be distinct (one model each), got {text!r}")
     return thetas
 
 
@@ -182,14 +266,40 @@ def _list() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    with sigterm_as_interrupt():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "list":
             _list()
             return 0
+        if args.command == "report":
+            from jaxfl.experiment.report import report_main
+
+            return report_main(args.dirs, args.out)
         configure_cpu()
+        if args.command == "evaluate":
+            from jaxfl.experiment.evaluate_main import evaluate_main
+
+            options = dict(args.dataset_option) if args.dataset_option else None
+            return evaluate_main(
+                args.dir, dataset=args.dataset, data_dir=args.data_dir, dataset_options=options,
+                algorithm=args.algorithm, out=args.out, overwrite=args.overwrite,
+            )
         if args.command == "family" and args.algorithm is None:
             args.algorithm = "deltafl"
+        if getattr(args, "resume", None):
+            config, grid = resume_settings(args)
+            if args.command == "sweep":
+                from jaxfl.experiment.sweep_main import run_sweep_main
+
+                return run_sweep_main(config, grid or {}, resume=True)
+            from jaxfl.experiment.main import run_main
+
+            return run_main(config, resume=True)
         config = resolve_config(args)
         if args.command == "family":
             from jaxfl.experiment.family import run_family_main
@@ -209,9 +319,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"jaxfl: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("jaxfl: interrupted; earlier results are untouched", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        print(
+            f"jaxfl: {'terminated' if terminated else 'interrupted'}; earlier results are untouched "
+            "(an unfinished --out keeps its checkpoints: --resume continues it)",
+            file=sys.stderr,
+        )
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -533,7 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from jaxfl.data.splits import hold_out_clients
     from jaxfl.experiment.config import make_config
-    from jaxfl.experiment.outputs import OutputDirectory, write_json
+    from jaxfl.experiment.outputs import write_json
+    from jaxfl.experiment.run_directory import OutputDirectory
     from jaxfl.experiment.runner import setup
     from jaxfl.experiment.tuning import rebuild_setup
 

@@ -48,5 +48,21 @@ def summarize(values: jax.Array, weights: jax.Array | None = None) -> dict[str, 
         out[f"p{p}"] = tail_threshold(values, 1.0 - p / 100.0, weights)
     out["superquantile_90"] = superquantile(values, 0.1, weights)
     out["superquantile_95"] = superquantile(values, 0.05, weights)
-    out["best_10"] = -superquantile(-values, 0.1, weights)
+    # 0 - x, not -x: the best 10% of all-zero errors is 0, never -0.0.
+    out["best_10"] = 0.0 - superquantile(-values, 0.1, weights)
     return out
+
+
+def within_range(stats: dict[str, jax.Array], low: float, high: float | None = None) -> dict[str, jax.Array]:
+    """Summaries clipped to the quantity's range (errors: [0, 1]; losses: >= 0).
+
+    Float rounding in the weighted sums can step just outside (a
+    superquantile of 1.0000001 for all-wrong clients); a reported error above
+    100% or a loss of -0.0 would be read as a bug. The standard deviation is
+    only floored at 0.
+    """
+    return {
+        name: jnp.maximum(value, 0.0) + 0.0 if name == "std" or high is None
+        else jnp.clip(value, low, high) + 0.0
+        for name, value in stats.items()
+    }

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +201,9 @@ class RunConfig:
         low=0.0, low_open=True,
     )
     dp_sigma: float = _field(
-        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma >= 0 per client",
-        low=0.0,
+        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma in [0, 1e6] per client "
+        "(the sampler's range)",
+        low=0.0, high=1e6,
     )
     dp_scale: int = _field(
         10,
@@ -248,9 +250,9 @@ class RunConfig:
     )
     dp_quantile_sigma: float | None = _field(
         None,
-        "dp-deltafl: discrete Gaussian sigma >= 0.5 of the quantile per client "
+        "dp-deltafl: discrete Gaussian sigma in [0.5, 1e6] of the quantile per client "
         "(unset: calibrated from the noise multiplier and --dp-quantile-ratio)",
-        low=0.5, optional=True,
+        low=0.5, high=1e6, optional=True,
     )
     strategy: str = _field(
         "auto",
@@ -266,6 +268,19 @@ class RunConfig:
     seed: int = _field(0, "random seed", low=0, high=2**31 - 1)
     out: str | None = _field(None, "output directory", optional=True)
     overwrite: bool = _field(False, "replace an existing output directory")
+    checkpoint_every: int | None = _field(
+        None,
+        "save a checkpoint in --out every this many rounds (unset: every --checkpoint-seconds of "
+        "training); also saved on SIGINT/SIGTERM",
+        low=1, optional=True,
+    )
+    checkpoint_seconds: float = _field(
+        120.0,
+        "with --checkpoint-every unset: seconds of training between checkpoints (0: only on "
+        "SIGINT/SIGTERM; docs/reliability.md says how the default was chosen)",
+        low=0.0,
+    )
+    keep_checkpoints: int = _field(2, "checkpoints kept in --out while the run goes on", low=1, high=100)
     progress: bool = _field(True, "show a progress bar")
 
     @property
@@ -280,6 +295,33 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+# Every integer setting is an int32 in the compiled round or a host-side
+# count; every float setting becomes a float32 (hyperparameters live in the
+# state). Values outside what those types hold are refused, not wrapped,
+# rounded to infinity or flushed to zero.
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # np.finfo(np.float32).tiny: smaller magnitudes compute as 0
+# The largest sigma the discrete Gaussian sampler draws exactly
+# (`jaxfl.primitives.discrete_gaussian.MAX_SIGMA`; not imported: reading a
+# config imports no JAX code).
+MAX_DISCRETE_GAUSSIAN_SIGMA = 1e6
+
+
+def _limits(field: dataclasses.Field) -> dict[str, Any]:
+    """The field's range, with int32's bound on integers that have no upper bound."""
+    meta = dict(field.metadata)
+    if _expected_type(field) == "int" and (meta["high"] is None or meta["high"] > INT32_MAX):
+        meta.update(high=INT32_MAX, high_open=False)
+    return meta
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, shortened so that an error stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(text)} characters)"
 
 
 def _range_text(meta) -> str:
@@ -304,13 +346,19 @@ def _expected_type(field: dataclasses.Field) -> str:
 
 
 def check_value(name: str, value: Any) -> Any:
-    """Validates (and lightly coerces) one field; raises ConfigError."""
+    """Validates (and lightly coerces) one field; raises ConfigError.
+
+    Beyond each field's range: integers must fit int32 and floats float32
+    (magnitude at most 3.4028235e38, and a nonzero value at least
+    1.1754944e-38, below which float32 arithmetic flushes it to 0), because
+    that is what the compiled round computes with.
+    """
     if name not in FIELDS:
         raise ConfigError(
-            f"unknown setting {name!r}; valid settings: {', '.join(sorted(FIELDS))}"
+            f"unknown setting {_shown(name)}; valid settings: {', '.join(sorted(FIELDS))}"
         )
     field = FIELDS[name]
-    meta = field.metadata
+    meta = _limits(field)
     kind = _expected_type(field)
     if value is None:
         if meta["optional"]:
@@ -318,43 +366,62 @@ def check_value(name: str, value: Any) -> Any:
         raise ConfigError(f"{name} must be set")
     if name == "dataset_options":
         if not isinstance(value, Mapping):
-            raise ConfigError("dataset_options must be a table of option = value")
+            raise ConfigError(f"dataset_options must be a table of option = value, got {_shown(value)}")
+        for key in value:
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"dataset_options keys must be option names, got {_shown(key)}")
         return dict(value)
     if name == "hidden_sizes":
-        if isinstance(value, int) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
-        ) or not value:
-            raise ConfigError("hidden_sizes must be a non-empty list of integers >= 1")
+        if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX for v in value
+        ):
+            raise ConfigError(
+                f"hidden_sizes must be a non-empty list of integers in [1, {INT32_MAX}], got {_shown(value)}"
+            )
         return tuple(value)
     if kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
+            raise ConfigError(f"{name} must be true or false, got {_shown(value)}")
         return value
     if kind == "int":
+        # Floats are tested before int(): int(inf) and int(nan) raise.
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         ):
             raise ConfigError(
-                f"{name} must be an integer {_range_text(meta)}, got {value!r}".replace("  ", " ")
+                f"{name} must be an integer {_range_text(meta)}, got {_shown(value)}".replace("  ", " ")
             )
         value = int(value)
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name} must be a number {_range_text(meta)}, got {value!r}")
-        value = float(value)
+            raise ConfigError(f"{name} must be a number {_range_text(meta)}, got {_shown(value)}")
+        try:
+            value = float(value)
+        except OverflowError:  # An integer beyond float64.
+            value = math.copysign(math.inf, value)
         if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number {_range_text(meta)}, got {value!r}")
+            raise ConfigError(f"{name} must be a finite number {_range_text(meta)}, got {_shown(value)}")
+        if abs(value) > FLOAT32_MAX:
+            raise ConfigError(
+                f"{name} must be a number {_range_text(meta)} that float32 holds (magnitude <= "
+                f"{FLOAT32_MAX:.8g}), got {value!r}".replace("  ", " ")
+            )
+        if value != 0 and abs(value) < FLOAT32_TINY:
+            raise ConfigError(
+                f"{name} must be a number {_range_text(meta)}, got {value!r}, which float32 computes as 0 "
+                f"(nonzero magnitudes must be >= {FLOAT32_TINY:.8g})".replace("  ", " ")
+            )
     elif kind == "str" and not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
+        raise ConfigError(f"{name} must be a string, got {_shown(value)}")
     if meta["choices"] is not None and value not in meta["choices"]:
         raise ConfigError(
-            f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}"
+            f"{name} must be one of {', '.join(meta['choices'])}, got {_shown(value)}"
         )
     low, high = meta["low"], meta["high"]
     if low is not None and (value < low or (meta["low_open"] and value == low)):
-        raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
+        raise ConfigError(f"{name} must be {_range_text(meta)}, got {_shown(value)}")
     if high is not None and (value > high or (meta["high_open"] and value == high)):
-        raise ConfigError(f"{name} must be {_range_text(meta)}, got {value!r}")
+        raise ConfigError(f"{name} must be {_range_text(meta)}, got {_shown(value)}")
     if name == "dp_bins" and value & (value - 1):
         raise ConfigError(
             f"dp_bins must be a power of two {_range_text(meta)}, got {value!r}"
@@ -362,7 +429,14 @@ def check_value(name: str, value: Any) -> Any:
     return value
 
 
-def make_config(values: Mapping[str, Any]) -> RunConfig:
+def warn(message: str) -> None:
+    """Prints a one-line `jaxfl: warning:` for a setting that is accepted but changes nothing."""
+    print(f"jaxfl: warning: {message}", file=sys.stderr)
+
+
+def make_config(
+    values: Mapping[str, Any], *, on_warning: Callable[[str], None] | None = warn
+) -> RunConfig:
     """Builds a validated RunConfig from field values.
 
     With a `task`, the preset's settings come first
@@ -372,8 +446,19 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
     clients per round, local step cap, ...:
     `jaxfl.data.registry.dataset_run_defaults`), then RunConfig's own
     defaults.
+
+    Every value is checked (`check_value`), then the combination
+    (`check_settings`); a given setting that the others make ineffective is
+    reported through `on_warning` (`setting_warnings`; None: not reported).
+
+    Raises:
+      ConfigError: a refused value or combination, one line.
     """
     values = dict(values)
+    if "dataset_options" in values:
+        values["dataset_options"] = check_value("dataset_options", values["dataset_options"]) or {}
+    given = dict(values)
+    implied: dict[str, Any] = {}  # What each setting would be if it were not given.
     if values.get("task") is not None:
         from jaxfl.experiment.presets import preset_settings
 
@@ -382,6 +467,7 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
         options = {**preset.pop("dataset_options", {}), **dict(values.get("dataset_options") or {})}
         if "dataset" in values and values["dataset"] != preset["dataset"]:
             options = dict(values.get("dataset_options") or {})  # Another dataset: its own options.
+        implied.update(preset)
         values = {**preset, **values, "dataset_options": options}
     dataset = values.get("dataset", RunConfig.dataset)
     # A preset is a whole protocol: the dataset's quick-run defaults (e.g. a
@@ -394,33 +480,210 @@ def make_config(values: Mapping[str, Any]) -> RunConfig:
             defaults = dataset_run_defaults(dataset)
         except ValueError as error:
             raise ConfigError(str(error).splitlines()[0]) from None
+        implied = {**defaults, **implied}
         values = {**defaults, **values}
     checked = {name: check_value(name, value) for name, value in values.items()}
     config = RunConfig(**checked)
-    if not config.algorithms:
-        raise ConfigError("algorithm must name at least one algorithm")
+    defaults = RunConfig()
+    changed = {
+        name
+        for name in given
+        if name != "dataset_options"
+        and checked[name] != implied.get(name, getattr(defaults, name))
+    }
+    check_settings(config)
+    if on_warning is not None:
+        for message in setting_warnings(config, changed):
+            on_warning(message)
     return config
+
+
+def implied_setting(config: RunConfig, name: str) -> Any:
+    """The value setting `name` takes when not given: the task preset's, else
+    the dataset's run default, else RunConfig's default (as `make_config`).
+    """
+    if config.task is not None:
+        from jaxfl.experiment.presets import preset_settings
+
+        preset = preset_settings(config.task)
+        if name in preset:
+            return preset[name]
+        if config.dataset == preset["dataset"]:
+            return getattr(RunConfig(), name)
+    from jaxfl.data.registry import dataset_run_defaults
+
+    try:
+        defaults = dataset_run_defaults(config.dataset)
+    except ValueError:
+        defaults = {}
+    return defaults.get(name, getattr(RunConfig(), name))
+
+
+# Algorithms whose local training is one full-batch step (batch size, epochs
+# and the step cap unused): FedSGD, and q-FFL's q-FedSGD variant.
+_FULL_BATCH_SETTINGS = ("batch_size", "local_epochs", "max_local_steps", "local_loop")
+# The failure probability of the no-wraparound bound (004 Claim 16) that
+# `deltafl --reweighting dp` (no privacy accounting, hence no delta) needs of
+# its secure sum: the ring must exceed every noisy histogram count but with
+# probability 1e-6 / 4 per round.
+_DELTAFL_DP_WRAP_DELTA = 1e-6
+
+
+def _full_batch_only(config: RunConfig) -> bool:
+    return all(
+        name == "fedsgd" or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
+        for name in config.algorithms
+    )
+
+
+def check_settings(config: RunConfig) -> None:
+    """Refuses combinations of valid values that cannot run as asked.
+
+    Data-independent (those that depend on the data are checked in
+    `jaxfl.experiment.runner.setup`); each refusal is one line.
+
+    Raises:
+      ConfigError: the first refused combination.
+    """
+    names = [name.strip() for name in config.algorithm.split(",")]
+    if any(not name for name in names):
+        raise ConfigError(
+            f"algorithm must be comma-separated names without empty entries, got {_shown(config.algorithm)}"
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"algorithm names {repeated[0]} twice in {_shown(config.algorithm)}")
+    dp_algorithms = [name for name in names if name in ("dp-fedavg", "dp-deltafl")]
+    if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
+        raise ConfigError(
+            f"epsilon={config.epsilon:g} and dp_noise_multiplier={config.dp_noise_multiplier:g} conflict: "
+            f"a given noise multiplier fixes {', '.join(dp_algorithms)}'s noise and epsilon is then only "
+            "reported, not met; give one of them"
+        )
+    if "deltafl" in names and config.reweighting == "dp":
+        from jaxfl.primitives.dp_quantile import MAX_MODULUS, dp_quantile_modulus
+
+        scale = config.dp_scale
+        needed = dp_quantile_modulus(
+            config.dp_bins, config.clients_per_round, config.dp_sigma, scale, _DELTAFL_DP_WRAP_DELTA
+        )
+        if needed > min(2**config.dp_bits, MAX_MODULUS):
+            bits = math.ceil(math.log2(needed))
+            advice = (
+                f"use dp_bits >= {bits}" if bits <= 32 else "lower dp_scale, dp_sigma or clients_per_round"
+            )
+            raise ConfigError(
+                f"deltafl --reweighting dp: dp_bits={config.dp_bits} gives a ring of 2^{config.dp_bits}, "
+                f"smaller than the {needed} that the secure sum of {config.clients_per_round} clients' "
+                f"histograms (dp_scale={scale}, dp_sigma={config.dp_sigma:g}) needs to avoid wraparound "
+                f"(004 Theorem 6's modulus at delta={_DELTAFL_DP_WRAP_DELTA:g}): {advice}"
+            )
+
+
+def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
+    """One line per setting in `changed` (given, and not the value it would have
+    had) that the other settings make ineffective.
+
+    Settings that no chosen algorithm uses at all are reported by
+    `jaxfl.experiment.runner.setup`; these are the ones that depend on other
+    settings.
+    """
+    messages = []
+    names = config.algorithms
+    if "lr_decay_period" in changed and config.lr_decay == 1.0:
+        messages.append(
+            f"lr_decay_period={config.lr_decay_period} is not used: lr_decay is 1 (a constant "
+            "learning rate); ignored"
+        )
+    elif config.lr_decay != 1.0 and config.lr_decay_period >= config.rounds and (
+        {"lr_decay", "lr_decay_period", "rounds"} & set(changed)
+    ):
+        messages.append(
+            f"lr_decay={config.lr_decay:g} never applies: the first decay is at round "
+            f"lr_decay_period={config.lr_decay_period}, and the run has rounds={config.rounds}; ignored"
+        )
+    if "eval_every" in changed and config.eval_every > config.rounds:
+        messages.append(
+            f"eval_every={config.eval_every} is more than rounds={config.rounds}: the run is evaluated "
+            "only after its last round"
+        )
+    if "deltafl" in names and "dp-deltafl" not in names and config.reweighting != "dp":
+        for name in ("dp_bins", "dp_bits"):
+            if name in changed:
+                messages.append(
+                    f"{name} is used by deltafl only with --reweighting dp (reweighting is "
+                    f"{config.reweighting}); ignored"
+                )
+    if _full_batch_only(config):
+        for name in _FULL_BATCH_SETTINGS:
+            if name in changed:
+                messages.append(
+                    f"{name} is not used by {', '.join(names)} (one full-batch gradient step per "
+                    "client); ignored"
+                )
+    if "hidden_sizes" in changed and config.model != "mlp":
+        messages.append(f"hidden_sizes is used by model mlp only, not {config.model}; ignored")
+    if "embedding_dim" in changed and config.model != "embedding-bag":
+        messages.append(f"embedding_dim is used by model embedding-bag only, not {config.model}; ignored")
+    if (
+        "dp-deltafl" in names
+        and "dp_quantile_ratio" in changed
+        and config.dp_quantile_sigma is not None
+    ):
+        messages.append(
+            "dp_quantile_ratio is not used: dp_quantile_sigma sets the quantile's noise; ignored"
+        )
+    return messages
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Reads a JSON (.json) or TOML (any other suffix) config file.
 
-    Keys are field names; dashes are accepted for underscores. Raises
-    ConfigError on unreadable or malformed files, with a one-line reason.
+    Keys are field names; dashes are accepted for underscores. Every value
+    is checked on its own (`check_value`), so that a bad value in the file
+    is reported even where a flag overrides it.
+
+    Raises:
+      ConfigError: an unreadable, non-UTF-8, malformed or empty file, a key
+        given twice (`a-b` and `a_b`), an unknown key or a bad value; one
+        line naming the file.
     """
     path = Path(path)
+    where = f"config file {str(path)!r}"
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as error:
-        raise ConfigError(f"config file {str(path)!r}: {error.strerror}") from None
+        raise ConfigError(f"{where}: {error.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        bad = raw[error.start : error.start + 1].hex()
+        raise ConfigError(
+            f"{where} is not UTF-8 text: byte 0x{bad} at offset {error.start} "
+            "(save it as UTF-8)"
+        ) from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
             data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
-        reason = str(error).splitlines()[0]
-        raise ConfigError(f"config file {str(path)!r} is malformed: {reason}") from None
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"{where} is malformed: {reason}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a table of settings")
-    return {key.replace("-", "_"): value for key, value in data.items()}
+        raise ConfigError(f"{where} must hold a table of settings")
+    if not data:
+        raise ConfigError(f"{where} holds no settings")
+    settings: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in settings:
+            raise ConfigError(f"{where} sets {name} twice ({spelled[name]!r} and {key!r})")
+        try:
+            check_value(name, value)
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}") from None
+        settings[name] = value
+        spelled[name] = key
+    return settings

@@ -29,7 +29,8 @@ from jaxfl.data.population import ClientPopulation, pack_arrays
 from jaxfl.evaluation.per_client import per_client_metrics
 from jaxfl.evaluation.summaries import summarize
 from jaxfl.experiment.config import ConfigError, RunConfig
-from jaxfl.experiment.outputs import OutputDirectory, write_json
+from jaxfl.experiment.outputs import write_json
+from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import setup
 from jaxfl.experiment.sweep import SweepPoint, run_sweep
 from jaxfl.training.local import Task
@@ -142,7 +143,9 @@ def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fracti
     if not thetas:
         raise ConfigError("family needs --thetas THETA1,THETA2,...")
     run_setup = setup(config)
-    output = OutputDirectory(config.out, overwrite=config.overwrite) if config.out else None
+    output = (
+        OutputDirectory(config.out, overwrite=config.overwrite, command="family") if config.out else None
+    )
     # Serving reads every test client on the device.
     test = place_population(run_setup.dataset.test, "device")
     selection, evaluation = split_clients(test, selection_fraction, config.seed)
@@ -154,7 +157,7 @@ def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fracti
     family = serve_family(run_setup.engine.task, stacked, thetas, selection, evaluation)
     rows = family_table(family)
     if output is not None:
-        staging = output.open()
+        staging = output.open(rounds=config.rounds)
         try:
             write_json(staging / "config.json", {**config.to_dict(), "thetas": list(thetas),
                                                  "selection_fraction": selection_fraction})

@@ -3,33 +3,102 @@
 The order matters for the "bad input loses nothing" rule: every setting is
 checked (including those that depend on the data, and the output directory's
 state) before training starts, and results reach the output directory only
-when the run has finished (see `jaxfl.experiment.outputs`).
+when the run has finished (`jaxfl.experiment.run_directory`). Meanwhile the
+run's folder `DIR.partial` holds its checkpoints, so `--resume DIR`
+continues a run stopped by SIGINT, SIGTERM, a crash or `kill -9`, and ends
+bit for bit as the uninterrupted run would have.
+
+Exit statuses: 0 finished, 2 refused settings, 3 diverged
+(`jaxfl.experiment.health`), 128 + the signal on SIGINT/SIGTERM
+(`jaxfl.experiment.interrupts`).
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
+from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import RunConfig
+from jaxfl.experiment.health import EXIT_DIVERGED
+from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
 from jaxfl.experiment.outputs import (
-    OutputDirectory,
     append_jsonl,
     format_table,
     write_clients_csv,
     write_comparison,
     write_json,
+    write_jsonl,
 )
+from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, setup
+from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
+
+CHECKPOINTS = "checkpoints"
 
 
-def _write_run(directory: Path, config: RunConfig, result: RunResult) -> None:
+def write_result(directory: Path, config: RunConfig, result: RunResult, run_setup) -> None:
+    """The files of one finished (or diverged) algorithm's run, and its model.
+
+    metrics.jsonl is rewritten from the history, so a resumed run's file is
+    byte for byte the uninterrupted run's.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", config.to_dict())
-    write_clients_csv(directory / "clients.csv", result.clients)
+    write_jsonl(directory / "metrics.jsonl", result.history)
+    if result.clients:
+        write_clients_csv(directory / "clients.csv", result.clients)
     write_json(directory / "summary.json", result.summary)
+    write_json(directory / "timing.json", result.timing)
+    if result.state is not None:
+        save_model(directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm)
+        shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
+
+
+def read_result(directory: Path, name: str) -> RunResult:
+    """A finished algorithm's result read back from its files (for a resumed run's table)."""
+    summary = json.loads((directory / "summary.json").read_text())
+    timing_path = directory / "timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    history = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line]
+    clients: dict[str, dict[str, np.ndarray]] = {}
+    if (directory / "clients.csv").exists():
+        with (directory / "clients.csv").open() as f:
+            for row in csv.DictReader(f):
+                population = clients.setdefault(
+                    row["population"], {k: [] for k in ("num_examples", "loss", "error", "targets")}
+                )
+                for key in population:
+                    population[key].append(float(row[key]))
+        clients = {p: {k: np.asarray(v) for k, v in values.items()} for p, values in clients.items()}
+    return RunResult(name, None, history, summary, clients, timing)
+
+
+def truncate_metrics(path: Path, last_round: int | None) -> None:
+    """Keeps the evaluation records up to the checkpoint a run resumes from.
+
+    A killed run may have written records after its last checkpoint, and its
+    last line may be cut short; both go (the resumed run writes them again).
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if last_round is None or record.get("round", 0) > last_round:
+            break
+        kept.append(line + "\n")
+    path.write_text("".join(kept))
 
 
 def format_privacy(name: str, privacy: dict) -> str:
@@ -42,55 +111,147 @@ def format_privacy(name: str, privacy: dict) -> str:
     )
 
 
-def run_main(config: RunConfig) -> int:
-    """Runs the configured algorithms; returns the process exit status."""
-    run_setup = setup(config)
-    output = (
-        OutputDirectory(config.out, overwrite=config.overwrite) if config.out else None
+def describe_divergence(name: str, diverged: dict[str, Any], checkpoints: Path | None) -> str:
+    """The one-line message of a diverged run."""
+    where = ""
+    if diverged.get("last_checkpoint_round") is not None and checkpoints is not None:
+        where = f"; last finite checkpoint: round {diverged['last_checkpoint_round']} in {checkpoints}"
+    return (
+        f"jaxfl: error: {name} diverged at round {diverged['round']}: {diverged['quantity']} "
+        f"(seen at round {diverged.get('detected_at_round', diverged['round'])}){where}; "
+        "lower the learning rates or clip"
     )
+
+
+def warn_empty_rounds(name: str, summary: dict[str, Any]) -> None:
+    """A warning when most rounds trained nothing (no client got weight)."""
+    empty, rounds = summary.get("rounds_without_weight", 0), summary.get("rounds", 0)
+    if rounds and empty * 2 > rounds:
+        print(
+            f"jaxfl: warning: {name}: no client got weight in {empty} of {rounds} rounds (stragglers or "
+            "filtering dropped every client): the model did not move in those rounds",
+            file=sys.stderr,
+        )
+
+
+def run_main(config: RunConfig, *, resume: bool = False) -> int:
+    """Runs the configured algorithms; returns the process exit status.
+
+    With `resume`, `config` is the saved one of `config.out`'s unfinished
+    run, whose finished algorithms are read back and whose others continue
+    from their latest checkpoints.
+    """
+    output = (
+        OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume) if config.out else None
+    )
+    run_setup = setup(config)
     names = config.algorithms
-    staging = output.open() if output is not None else None
+    if output is None:
+        staging = None
+    elif resume:
+        staging = output.resume()
+    else:
+        staging = output.open(rounds=config.rounds)
+        write_json(staging / "config.json", config.to_dict())
+    results: dict[str, RunResult] = {}
+    current = None
     try:
-        results = {}
-        for name in names:
-            directory = None
-            if staging is not None:
-                directory = staging if len(names) == 1 else staging / name
-                directory.mkdir(parents=True, exist_ok=True)
-            metrics_path = directory / "metrics.jsonl" if directory else None
-            on_evaluation = (
-                (lambda record, path=metrics_path: append_jsonl(path, record))
-                if metrics_path
-                else None
-            )
-            with tqdm(
-                total=config.rounds,
-                desc=name,
-                unit="round",
-                disable=not config.progress,
-                file=sys.stderr,
-                dynamic_ncols=True,
-            ) as bar:
-                result = run_algorithm(
-                    run_setup, name, on_evaluation=on_evaluation, progress=bar
-                )
-            results[name] = result
-            if directory is not None:
-                algorithm_config = RunConfig(
-                    **{**config.to_dict(), "algorithm": name,
-                       "hidden_sizes": config.hidden_sizes}
-                ) if len(names) > 1 else config
-                _write_run(directory, algorithm_config, result)
-        summaries = {name: result.summary for name, result in results.items()}
+        with stop_on_signals():
+            for name in names:
+                current = name
+                results[name] = _run_one(run_setup, name, staging, output, resume)
+        diverged = {name: r.diverged for name, r in results.items() if r.diverged}
         if staging is not None:
             if len(names) > 1:
-                write_json(staging / "config.json", config.to_dict())
-                write_comparison(staging, summaries)
-            output.commit()
-    except BaseException:
+                write_comparison(staging, {name: r.summary for name, r in results.items()})
+            output.commit("diverged" if diverged else "finished")
+    except RunInterrupted as stop:
+        return _interrupted(output, config, current, stop)
+    except BaseException as error:
         if output is not None:
-            output.abandon()
+            if staging is not None and any((staging / d).is_dir() for d in _checkpoint_dirs(names)):
+                # Resumable from its last checkpoint.
+                output.keep("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+            else:
+                output.abandon()
         raise
+    _print_results(run_setup, config, results)
+    for name, info in diverged.items():
+        checkpoints = _directory(output.path, names, name) / CHECKPOINTS if output is not None else None
+        print(describe_divergence(name, info, checkpoints), file=sys.stderr)
+    if output is not None:
+        print(f"results in {output.path}")
+    return EXIT_DIVERGED if diverged else 0
+
+
+def _directory(root: Path, names: list[str], name: str) -> Path:
+    return root if len(names) == 1 else root / name
+
+
+def _checkpoint_dirs(names: list[str]) -> list[str]:
+    return [CHECKPOINTS] if len(names) == 1 else [f"{name}/{CHECKPOINTS}" for name in names]
+
+
+def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -> RunResult:
+    config = run_setup.config
+    names = config.algorithms
+    directory = _directory(staging, names, name) if staging is not None else None
+    if directory is not None and resume and (directory / "summary.json").exists():
+        return read_result(directory, name)
+    checkpoints = None
+    on_evaluation = on_checkpoint = None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        checkpoints = RunCheckpoints(directory / CHECKPOINTS, keep=config.keep_checkpoints)
+        metrics_path = directory / "metrics.jsonl"
+        truncate_metrics(metrics_path, checkpoints.latest_round() if resume else None)
+
+        def on_evaluation(record):
+            append_jsonl(metrics_path, record)
+
+        def on_checkpoint(round_index):
+            output.update(round=round_index, algorithm=name)
+
+    try:
+        with tqdm(
+            total=config.rounds, desc=name, unit="round", disable=not config.progress,
+            file=sys.stderr, dynamic_ncols=True,
+        ) as bar:
+            result = run_algorithm(
+                run_setup, name, on_evaluation=on_evaluation, progress=bar,
+                checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
+            )
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+    warn_empty_rounds(name, result.summary)
+    if directory is not None:
+        algorithm_config = config
+        if len(names) > 1:
+            algorithm_config = RunConfig(**{**config.to_dict(), "algorithm": name,
+                                            "hidden_sizes": config.hidden_sizes})
+        write_result(directory, algorithm_config, result, run_setup)
+    return result
+
+
+def _interrupted(output, config: RunConfig, name: str | None, stop: RunInterrupted) -> int:
+    if output is None:
+        print(
+            f"jaxfl: interrupted at round {stop.round} of {config.rounds} ({name}); nothing saved "
+            "(no --out)",
+            file=sys.stderr,
+        )
+    else:
+        output.keep("interrupted", round=stop.round, algorithm=name)
+        print(
+            f"jaxfl: interrupted at round {stop.round} of {config.rounds} ({name}); checkpoint in "
+            f"{output.staging}; continue with: jaxfl run --resume {output.path}",
+            file=sys.stderr,
+        )
+    return 128 + stop.signal_number
+
+
+def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) -> None:
     dataset = run_setup.dataset
     print(
         f"{config.dataset}: {dataset.train.num_clients} training / "
@@ -99,14 +260,16 @@ def run_main(config: RunConfig) -> int:
         f"{run_setup.engine.strategy.describe()}"
     )
     print(placement_line(run_setup))
-    print(format_table(summaries))
-    for name, summary in summaries.items():
-        speed = summary["rounds_per_s"]
+    finished = {name: r.summary for name, r in results.items() if not r.diverged}
+    if finished:
+        print(format_table(finished))
+    for name, result in results.items():
+        if result.diverged:
+            print(f"{name}: diverged at round {result.diverged['round']}")
+            continue
+        speed = result.timing.get("rounds_per_s")
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
-        print(f"{name}: {speed_text} after {summary['compile_s']:.1f} s of compilation")
-    for name, summary in summaries.items():
-        if "privacy" in summary:
-            print(format_privacy(name, summary["privacy"]))
-    if output is not None:
-        print(f"results in {output.path}")
-    return 0
+        print(f"{name}: {speed_text} after {result.timing.get('compile_s', 0.0):.1f} s of compilation")
+    for name, result in results.items():
+        if "privacy" in result.summary:
+            print(format_privacy(name, result.summary["privacy"]))

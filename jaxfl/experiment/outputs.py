@@ -1,9 +1,4 @@
-"""Writing a run's results without ever losing earlier ones.
-
-A run writes into a staging directory next to its destination
-(`DIR.partial`) and moves it into place only when it has finished, so a
-crash or an interrupted run leaves any previous `DIR` untouched; replacing an
-existing `DIR` needs `overwrite=True`, checked before any training.
+"""The files a run writes (`jaxfl.experiment.run_directory` says where and when).
 
 Files of one algorithm's run:
 
@@ -13,24 +8,32 @@ Files of one algorithm's run:
 * `summary.json`: final summaries keyed `train_loss`, `train_error`,
   `test_loss`, `test_error` (errors as fractions), each holding `mean`,
   `std`, `p10` ... `p95`, `superquantile_90`, `superquantile_95`, `best_10`;
-  plus timing and the resolved client strategy.
+  the run's `status` (`finished` or `diverged`), the rounds in which no
+  client got weight, the resolved client strategy;
+* `timing.json`: the wall-clock figures (compilation, rounds per second,
+  evaluation and checkpoint time), apart, so that the three files above
+  depend only on the config and the seed, byte for byte;
+* `model/`: the final model (`jaxfl.experiment.saved_model`).
 
 Several algorithms in one run get one subdirectory each, plus
 `comparison.csv` and `comparison.md` at the top.
+
+JSON never holds a bare NaN or Infinity (which most JSON readers reject): a
+non-finite value is written `null`, and the object holding it gets a
+`nonfinite` entry mapping its path (e.g. `test_loss.mean`) to what it was
+(`nan`, `inf`, `-inf`).
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from jaxfl.experiment.config import ConfigError
 
 TABLE_COLUMNS = (
     ("mean", "mean"),
@@ -43,44 +46,6 @@ TABLE_COLUMNS = (
 )
 
 
-class OutputDirectory:
-    """A destination directory written through a staging directory."""
-
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
-        self.path = Path(path)
-        self.staging = self.path.with_name(self.path.name + ".partial")
-        if self.path.exists() and not overwrite:
-            raise ConfigError(
-                f"out directory {str(self.path)!r} exists; pass --overwrite to replace it"
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"out {str(self.path)!r} exists and is not a directory")
-
-    def open(self) -> Path:
-        """Creates a fresh staging directory (a leftover one is a dead run's)."""
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        self.staging.mkdir(parents=True)
-        return self.staging
-
-    def commit(self) -> Path:
-        """Moves the finished staging directory to the destination."""
-        if self.path.exists():
-            retired = self.path.with_name(self.path.name + ".replaced")
-            if retired.exists():
-                shutil.rmtree(retired)
-            os.replace(self.path, retired)
-            os.replace(self.staging, self.path)
-            shutil.rmtree(retired)
-        else:
-            os.replace(self.staging, self.path)
-        return self.path
-
-    def abandon(self) -> None:
-        """Removes the staging directory of a failed run."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-
 def _json_default(value):
     if isinstance(value, np.generic):
         return value.item()
@@ -91,13 +56,48 @@ def _json_default(value):
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
+def json_safe(data: Any) -> Any:
+    """`data` with non-finite floats as None, and a `nonfinite` entry saying which and what.
+
+    The `nonfinite` entry (path -> 'nan' | 'inf' | '-inf') goes into the
+    top-level object when `data` is a dict.
+    """
+    found: dict[str, str] = {}
+
+    def clean(value, path):
+        if isinstance(value, np.generic | np.ndarray):
+            value = value.tolist()
+        if isinstance(value, float) and not math.isfinite(value):
+            found[path or "value"] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    cleaned = clean(data, "")
+    if found and isinstance(cleaned, dict):
+        cleaned["nonfinite"] = found
+    return cleaned
+
+
+def _dumps(data: Any, **kwargs) -> str:
+    return json.dumps(json_safe(data), default=_json_default, allow_nan=False, **kwargs)
+
+
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
+    path.write_text(_dumps(data, indent=2) + "\n")
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as f:
-        f.write(json.dumps(record, default=_json_default) + "\n")
+        f.write(_dumps(record) + "\n")
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Writes the records afresh, one line each (as `append_jsonl` would have)."""
+    path.write_text("".join(_dumps(record) + "\n" for record in records))
 
 
 def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> None:

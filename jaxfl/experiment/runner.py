@@ -31,8 +31,12 @@ from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_p
 from jaxfl.data.population import ClientPopulation, FederatedDataset
 from jaxfl.data.registry import load_dataset
 from jaxfl.evaluation.per_client import host_population_metrics, per_client_metrics
-from jaxfl.evaluation.summaries import summarize
+from jaxfl.evaluation.summaries import summarize, within_range
+from jaxfl.experiment.checkpoints import RunCheckpoints
+from jaxfl.experiment.checks import check_round_fits, data_warnings
 from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
+from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.models.networks import count_parameters, make_model
 from jaxfl.training.host_cohorts import CohortStream
 from jaxfl.training.local import LocalTraining, Task
@@ -58,19 +62,29 @@ class RunResult:
 
     Attributes:
       algorithm: its name.
-      state: the final server state.
+      state: the final server state (None for a result read back from disk).
       history: one dict per evaluation (round, summaries, round metrics).
       summary: the final summaries (`train_loss`, `train_error`,
-        `test_loss`, `test_error`, each a dict of statistics) plus timing.
+        `test_loss`, `test_error`, each a dict of statistics), the run's
+        `status` ('finished' or 'diverged', with `diverged` saying where and
+        what), `rounds_without_weight`, and what depends only on the config
+        and the seed.
       clients: population name -> {'num_examples', 'loss', 'error', 'targets'} NumPy
-        arrays of the final model.
+        arrays of the final model (of the last evaluation of a diverged run).
+      timing: wall-clock figures (compile, training, evaluation and
+        checkpoint seconds, rounds per second), kept apart from the results.
     """
 
     algorithm: str
-    state: ServerState
+    state: ServerState | None
     history: list[dict[str, Any]]
     summary: dict[str, Any]
     clients: dict[str, dict[str, np.ndarray]]
+    timing: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def diverged(self) -> dict[str, Any] | None:
+        return self.summary.get("diverged")
 
 
 def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
@@ -280,6 +294,10 @@ def setup(config: RunConfig) -> Setup:
         client_weighting=config.client_weighting,
         num_clients=num_train,
     )
+    # Before anything of the round is allocated (docs/reliability.md).
+    check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
+    for message in data_warnings(config, dataset, engine.local):
+        print(f"jaxfl: warning: {message}", file=sys.stderr)
     algorithms, hparams = {}, {}
     for name in config.algorithms:
         try:
@@ -352,14 +370,16 @@ def _evaluate_populations(task: Task, client_weighting: str, params, populations
     for name, population in populations.items():
         metrics = per_client_metrics(task, params, population)
         weights = population.client_weights(client_weighting) if name == "train" else None
-        summaries[f"{name}_loss"] = summarize(metrics.loss, weights)
-        summaries[f"{name}_error"] = summarize(metrics.error, weights)
+        summaries[f"{name}_loss"] = within_range(summarize(metrics.loss, weights), 0.0)
+        summaries[f"{name}_error"] = within_range(summarize(metrics.error, weights), 0.0, 1.0)
         clients[name] = {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
     return summaries, clients
 
 
 _summarize_host = jax.jit(
-    lambda loss, error, weights: (summarize(loss, weights), summarize(error, weights))
+    lambda loss, error, weights: (
+        within_range(summarize(loss, weights), 0.0), within_range(summarize(error, weights), 0.0, 1.0)
+    )
 )
 
 
@@ -433,13 +453,25 @@ class LoopTiming:
     """Where a training loop's time went (seconds)."""
 
     compile_s: float  # The first call: compilation plus its rounds.
-    train_s: float  # Every later call, evaluations excluded.
+    train_s: float  # Every later call, evaluations and checkpoints excluded.
     evaluation_s: float
     steady_rounds: int  # The rounds train_s covers.
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
 
     @property
     def rounds_per_s(self) -> float | None:
         return self.steady_rounds / self.train_s if self.steady_rounds and self.train_s > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "compile_s": self.compile_s,
+            "rounds_per_s": self.rounds_per_s,
+            "train_s": self.train_s + self.compile_s,
+            "evaluation_s": self.evaluation_s,
+            "checkpoint_s": self.checkpoint_s,
+            "checkpoints_saved": self.checkpoints,
+        }
 
 
 # Rounds fused into one compiled call where that was measured faster: on the
@@ -504,7 +536,7 @@ def compile_rounds(round_fn: Callable, num_rounds: int, *, cohort_per_round: boo
     return jax.jit(rounds, donate_argnums=0)
 
 
-def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int) -> Any:
+def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int, first_round: int = 0) -> Any:
     """What each compiled call receives as its population.
 
     The training clients replicated as the strategy lays them out, or, for a
@@ -521,14 +553,67 @@ def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int) ->
             run_keys,
             run_setup.engine.clients_per_round,
             rounds_per_call=num_rounds_per_call,
+            first_round=first_round,
             place=strategy.replicate,
         )
     return strategy.replicate(train)
 
 
+class RunDiverged(Exception):
+    """A single run's health says it diverged (`jaxfl.experiment.health`).
+
+    Attributes:
+      round: the first round whose outcome failed a check.
+      quantity: what failed, in words.
+      detected_at: the round at which the host saw it.
+    """
+
+    def __init__(self, diverged: dict[str, Any], detected_at: int):
+        super().__init__(f"diverged at round {diverged['round']}: {diverged['quantity']}")
+        self.round = diverged["round"]
+        self.quantity = diverged["quantity"]
+        self.detected_at = detected_at
+
+
+@dataclasses.dataclass
+class Checkpointing:
+    """When and where a training loop saves checkpoints.
+
+    Attributes:
+      checkpoints: where they go.
+      every_rounds: save every this many rounds; None: by wall time.
+      every_seconds: with `every_rounds` None, seconds between saves (0: never
+        but on a signal).
+      meta: round -> the JSON record saved with the arrays (history, ...).
+      on_saved: called with the round after each save (e.g. to update the
+        output folder's marker).
+    """
+
+    checkpoints: RunCheckpoints
+    every_rounds: int | None
+    every_seconds: float
+    meta: Callable[[int], dict[str, Any]]
+    on_saved: Callable[[int], None] | None = None
+
+    @classmethod
+    def from_config(cls, checkpoints: RunCheckpoints, config: RunConfig, meta, on_saved=None):
+        return cls(checkpoints, config.checkpoint_every, config.checkpoint_seconds, meta, on_saved)
+
+    def due(self, round_index: int, rounds_per_call: int, seconds_since_last: float) -> bool:
+        if self.every_rounds is not None:
+            # A multiple of every_rounds within this call's rounds.
+            return round_index // self.every_rounds > (round_index - rounds_per_call) // self.every_rounds
+        return self.every_seconds > 0 and seconds_since_last >= self.every_seconds
+
+    def save(self, round_index: int, carry: Any) -> None:
+        self.checkpoints.save(round_index, carry, self.meta(round_index))
+        if self.on_saved is not None:
+            self.on_saved(round_index)
+
+
 def training_loop(
     round_fn: Callable,
-    state: Any,
+    carry: Any,
     train: ClientPopulation,
     keys: Any,
     config: RunConfig,
@@ -536,50 +621,127 @@ def training_loop(
     on_evaluate: Callable[[int, Any, Any], None],
     progress: Any = None,
     rounds_per_call: int = 1,
+    *,
+    start_round: int = 0,
+    checkpointing: Checkpointing | None = None,
+    stop_on_divergence: bool = True,
 ) -> tuple[Any, LoopTiming]:
-    """Runs `config.rounds` rounds, evaluating every `config.eval_every`.
+    """Runs rounds `start_round + 1 .. config.rounds`, evaluating every `config.eval_every`.
 
-    `round_fn` is a compiled call running `rounds_per_call` rounds
-    (`compile_rounds`); `train` is the training population, or the
-    `CohortStream` of a host-resident one (each call then gets its rounds'
-    gathered cohorts). Calls are dispatched without waiting for each other
-    (nothing goes back to the host between evaluations) except where
+    `round_fn` is a compiled call running `rounds_per_call` rounds of a
+    `monitored` round (`compile_rounds`) over the carry `(state, RunHealth)`;
+    `train` is the training population, or the `CohortStream` of a
+    host-resident one (each call then gets its rounds' gathered cohorts).
+    Calls are dispatched without waiting for each other (nothing goes back
+    to the host between evaluations and checkpoints) except where
     `must_sync_each_round`. `on_evaluate(round_index, state, metrics)` runs
     after the evaluation rounds and the last one; its time is counted apart.
+
+    Between calls the loop saves a checkpoint when `checkpointing` says it is
+    due, and stops on SIGINT/SIGTERM (`jaxfl.experiment.interrupts`) after
+    saving one, raising `RunInterrupted`. Whenever it waits for the device
+    anyway (evaluations, checkpoints, the end) it reads the run's health; a
+    diverged single run raises `RunDiverged` before evaluating or saving
+    the diverged state (`stop_on_divergence`; a sweep's points go on).
     """
     if config.rounds % rounds_per_call or config.eval_every % rounds_per_call:
         raise ValueError(f"rounds_per_call {rounds_per_call} must divide rounds and eval_every")
+    if start_round % rounds_per_call:
+        raise ValueError(f"start_round {start_round} must be a multiple of rounds_per_call {rounds_per_call}")
     try:
         return _training_loop(
-            round_fn, state, train, keys, config, strategy, on_evaluate, progress, rounds_per_call
+            round_fn, carry, train, keys, config, strategy, on_evaluate, progress, rounds_per_call,
+            start_round, checkpointing, stop_on_divergence,
         )
     finally:
         if isinstance(train, CohortStream):
             train.close()
 
 
-def _training_loop(round_fn, state, train, keys, config, strategy, on_evaluate, progress, rounds_per_call):
+def _check_health(carry: Any, round_index: int, stop_on_divergence: bool) -> None:
+    if not stop_on_divergence:
+        return
+    diverged = divergence(host_health(carry[1]))
+    if diverged is not None:
+        raise RunDiverged(diverged, round_index)
+
+
+def _training_loop(
+    round_fn, carry, train, keys, config, strategy, on_evaluate, progress, rounds_per_call,
+    start_round, checkpointing, stop_on_divergence,
+):
     sync = must_sync_each_round(strategy)
-    evaluation_s = compile_s = 0.0
-    loop_start = time.perf_counter()
-    for round_index in range(rounds_per_call, config.rounds + 1, rounds_per_call):
+    stop = current_request()
+    evaluation_s = compile_s = checkpoint_s = 0.0
+    saved = 0
+    loop_start = last_save = time.perf_counter()
+    first_call = start_round + rounds_per_call
+    for round_index in range(first_call, config.rounds + 1, rounds_per_call):
         population = train.next_call() if isinstance(train, CohortStream) else train
-        state, metrics = round_fn(state, population, keys)
-        if round_index == rounds_per_call:
-            jax.block_until_ready(state)
+        carry, metrics = round_fn(carry, population, keys)
+        if round_index == first_call:
+            jax.block_until_ready(carry)
             compile_s = time.perf_counter() - loop_start
         elif sync:
-            jax.block_until_ready(state)
+            jax.block_until_ready(carry)
         if progress is not None:
             progress.update(rounds_per_call)
-        if round_index % config.eval_every == 0 or round_index == config.rounds:
-            jax.block_until_ready(state)
+        last = round_index == config.rounds
+        evaluating = round_index % config.eval_every == 0 or last
+        stopping = stop is not None and stop.signal is not None and not last
+        saving = checkpointing is not None and not last and (
+            stopping or checkpointing.due(round_index, rounds_per_call, time.perf_counter() - last_save)
+        )
+        if evaluating or saving or stopping:
+            jax.block_until_ready(carry)
+            _check_health(carry, round_index, stop_on_divergence)
+        if evaluating:
             evaluation_start = time.perf_counter()
-            on_evaluate(round_index, state, metrics)
+            on_evaluate(round_index, carry[0], metrics)
             evaluation_s += time.perf_counter() - evaluation_start
-    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s
-    steady_rounds = config.rounds - rounds_per_call
-    return state, LoopTiming(compile_s, train_s, evaluation_s, steady_rounds)
+        if saving:
+            save_start = time.perf_counter()
+            checkpointing.save(round_index, carry)
+            last_save = time.perf_counter()
+            checkpoint_s += last_save - save_start
+            saved += 1
+        if stopping:
+            if checkpointing is not None:
+                checkpointing.checkpoints.wait()
+            raise RunInterrupted(stop.signal, round_index, saving)
+    if checkpointing is not None:
+        checkpointing.checkpoints.wait()
+    train_s = time.perf_counter() - loop_start - compile_s - evaluation_s - checkpoint_s
+    steady_rounds = config.rounds - start_round - rounds_per_call
+    return carry, LoopTiming(compile_s, train_s, evaluation_s, steady_rounds, checkpoint_s, saved)
+
+
+def privacy_spent(run_setup: Setup, name: str, hparams: dict[str, float], rounds_done: int):
+    """What a DP algorithm has spent after `rounds_done` rounds, or None for others."""
+    privacy = algorithm_spec(name).privacy
+    if privacy is None:
+        return None
+    return privacy.report(
+        run_setup.config,
+        num_clients=run_setup.dataset.train.num_clients,
+        clients_per_round=run_setup.config.clients_per_round,
+        hparams=hparams,
+        rounds_done=rounds_done,
+    )
+
+
+def initial_carry(run_setup: Setup, name: str) -> tuple[Any, Any]:
+    """The (state, health) carry a run of `name` starts from, placed, and its run key."""
+    config = run_setup.config
+    init_key, run_key = jax.random.split(jax.random.key(config.seed))
+    params = run_setup.engine.task.model.init(init_key)
+    state = run_setup.algorithms[name].init(params, run_setup.hparams[name])
+    return place_carry(run_setup, (state, initial_health())), run_key
+
+
+def place_carry(run_setup: Setup, carry: Any) -> Any:
+    """Puts a carry (fresh or restored from host arrays) where the round expects it."""
+    return run_setup.engine.strategy.replicate(jax.device_put(carry))
 
 
 def run_algorithm(
@@ -588,6 +750,9 @@ def run_algorithm(
     *,
     on_evaluation: Callable[[dict[str, Any]], None] | None = None,
     progress: Any = None,
+    checkpoints: RunCheckpoints | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
+    resume: bool = False,
 ) -> RunResult:
     """Trains one algorithm for `config.rounds` rounds.
 
@@ -598,24 +763,40 @@ def run_algorithm(
         metrics.jsonl as it happens).
       progress: an object with `update(n)` and `set_postfix_str(s)` (a tqdm
         bar), or None.
+      checkpoints: where to save checkpoints (when `config.checkpoint_every`
+        or `checkpoint_seconds` says, and on SIGINT/SIGTERM), or None.
+      on_checkpoint: called with the round after each checkpoint.
+      resume: continue from the latest checkpoint in `checkpoints` (if any):
+        the result is bit for bit that of the uninterrupted run.
 
     Returns:
-      The `RunResult`.
+      The `RunResult`; a diverged run's has `summary['status'] == 'diverged'`.
+
+    Raises:
+      RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint.
     """
     config = run_setup.config
     engine = run_setup.engine
     algorithm = run_setup.algorithms[name]
     strategy = engine.strategy
-    init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    params = engine.task.model.init(init_key)
-    state = strategy.replicate(algorithm.init(params, run_setup.hparams[name]))
-    fused = rounds_per_call(strategy, config.rounds, config.eval_every)
-    train = training_input(run_setup, run_key, fused)
-    round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=isinstance(train, CohortStream))
-    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
-
+    carry, run_key = initial_carry(run_setup, name)
     history: list[dict[str, Any]] = []
+    start_round = 0
+    if resume and checkpoints is not None:
+        restored = checkpoints.restore(jax.device_get(carry))
+        if restored is not None:
+            start_round, saved_carry, meta = restored
+            carry = place_carry(run_setup, saved_carry)
+            history = list(meta["history"])
+    fused = rounds_per_call(strategy, config.rounds, config.eval_every)
+    train = training_input(run_setup, run_key, fused, first_round=start_round)
+    round_fn = compile_rounds(
+        monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)
+    )
+    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
     latest: dict[str, Any] = {"summaries": {}, "clients": {}}
+    if progress is not None and start_round:
+        progress.update(start_round)
 
     def on_evaluate(round_index, state, metrics):
         summaries, clients = evaluate(state.params)
@@ -632,31 +813,53 @@ def run_algorithm(
         if progress is not None:
             progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
 
-    state, timing = training_loop(
-        round_fn, state, train, run_key, config, strategy, on_evaluate, progress, fused
+    def checkpoint_meta(round_index):
+        hparams = {k: float(v) for k, v in jax.device_get(run_setup.hparams[name]).items()}
+        return {
+            "algorithm": name,
+            "history": history,
+            "config": config.to_dict(),
+            "privacy_spent": privacy_spent(run_setup, name, hparams, round_index),
+        }
+
+    checkpointing = (
+        Checkpointing.from_config(checkpoints, config, checkpoint_meta, on_checkpoint)
+        if checkpoints is not None else None
     )
-    summaries, clients = latest["summaries"], latest["clients"]
-    compile_s, train_s, evaluation_s = timing.compile_s, timing.train_s, timing.evaluation_s
+    diverged = None
+    try:
+        carry, timing = training_loop(
+            round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, fused,
+            start_round=start_round, checkpointing=checkpointing,
+        )
+    except RunDiverged as error:
+        diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
+        last_saved = checkpoints.latest_round() if checkpoints is not None else None
+        diverged["last_checkpoint_round"] = last_saved
+        timing = LoopTiming(0.0, 0.0, 0.0, 0)
+    state, health = carry
+    health = host_health(health)
     summary = {
-        **summaries,
+        **latest["summaries"],
         "algorithm": name,
+        "status": "diverged" if diverged else "finished",
         "rounds": config.rounds,
-        "compile_s": compile_s,
-        "rounds_per_s": timing.rounds_per_s,
-        "rounds_per_call": fused,
-        "train_s": train_s + compile_s,
-        "evaluation_s": evaluation_s,
+        "rounds_without_weight": int(health["rounds_without_weight"]),
         "strategy": engine.strategy.describe(),
-        "backend": jax.default_backend(),
         "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
-    privacy = algorithm_spec(name).privacy
+    if diverged:
+        summary["diverged"] = diverged
+        summary["evaluated_round"] = history[-1]["round"] if history else None
+    rounds_done = diverged["detected_at_round"] if diverged else config.rounds
+    hparams = {k: float(v) for k, v in jax.device_get(state.hparams).items()}
+    privacy = privacy_spent(run_setup, name, hparams, rounds_done)
     if privacy is not None:
-        summary["privacy"] = privacy.report(
-            config,
-            num_clients=run_setup.dataset.train.num_clients,
-            clients_per_round=config.clients_per_round,
-            hparams={k: float(v) for k, v in jax.device_get(state.hparams).items()},
-            rounds_done=config.rounds,
-        )
-    return RunResult(name, state, history, summary, clients)
+        summary["privacy"] = privacy
+    timing_record = {
+        **timing.as_dict(),
+        "rounds_per_call": fused,
+        "backend": jax.default_backend(),
+        "resumed_from_round": start_round or None,
+    }
+    return RunResult(name, None if diverged else state, history, summary, latest["clients"], timing_record)

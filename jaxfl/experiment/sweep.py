@@ -32,11 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
+from jaxfl.experiment.checkpoints import RunCheckpoints
+from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.runner import (
+    Checkpointing,
     RunResult,
     Setup,
     compile_rounds,
     make_evaluator,
+    place_carry,
+    privacy_spent,
     rounds_per_call,
     training_input,
     training_loop,
@@ -102,8 +107,8 @@ _BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
 
 @functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
 def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point: bool = False) -> Callable:
-    """`vmap(round_fn)` over states and keys, compiled as `rounds_per_call`
-    rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
+    """`vmap(monitored(round_fn))` over (state, health) carries and keys, compiled
+    as `rounds_per_call` rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
     object per (round_fn, rounds_per_call, cohort_per_point). With
     `cohort_per_point` (a host-resident population) the population argument
     holds each point's gathered cohort, batched like the states.
@@ -116,7 +121,7 @@ def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point
     """
     population_axis = 0 if cohort_per_point else None
     return compile_rounds(
-        jax.vmap(round_fn, in_axes=(0, population_axis, 0)),
+        jax.vmap(monitored(round_fn), in_axes=(0, population_axis, 0)),
         rounds_per_call,
         cohort_per_round=cohort_per_point,
     )
@@ -147,6 +152,9 @@ def run_sweep(
     *,
     on_evaluation: Callable[[int, dict[str, Any]], None] | None = None,
     progress: Any = None,
+    checkpoints: RunCheckpoints | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
+    resume: bool = False,
 ) -> list[RunResult]:
     """Trains every point for `config.rounds` rounds in one vmapped round.
 
@@ -156,9 +164,19 @@ def run_sweep(
       points: the settings.
       on_evaluation: called with (point index, evaluation record).
       progress: a tqdm-like bar, updated once per round.
+      checkpoints: where to save the stacked state of all points (as
+        `config.checkpoint_every`/`checkpoint_seconds` say, and on
+        SIGINT/SIGTERM), or None.
+      on_checkpoint: called with the round after each checkpoint.
+      resume: continue from the latest checkpoint in `checkpoints`, if any.
 
     Returns:
-      One `RunResult` per point, in order.
+      One `RunResult` per point, in order. A point that diverged goes on
+      with the others (they share the compiled round) and its summary is
+      marked `status: diverged`, with the round and the quantity.
+
+    Raises:
+      RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint.
     """
     if not points:
         raise ValueError("a sweep needs at least one point")
@@ -169,14 +187,25 @@ def run_sweep(
     # Placed as the round's outputs will be (replicated over a mesh under the
     # sharded strategy), or the second call would see new shardings and
     # compile again.
-    states = engine.strategy.replicate(stack([state for state, _ in starts]))
+    carry = place_carry(
+        run_setup, stack([(state, initial_health()) for state, _ in starts])
+    )
     keys = jnp.stack([key for _, key in starts])
+    histories: list[list[dict[str, Any]]] = [[] for _ in points]
+    start_round = 0
+    if resume and checkpoints is not None:
+        restored = checkpoints.restore(jax.device_get(carry))
+        if restored is not None:
+            start_round, saved_carry, meta = restored
+            carry = place_carry(run_setup, saved_carry)
+            histories = [list(h) for h in meta["histories"]]
     fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
-    train = training_input(run_setup, keys, fused)
+    train = training_input(run_setup, keys, fused, first_round=start_round)
     round_fn = batched_round(algorithm.round, fused, isinstance(train, CohortStream))
     evaluate = batched_evaluator(run_setup)
+    if progress is not None and start_round:
+        progress.update(start_round)
 
-    histories: list[list[dict[str, Any]]] = [[] for _ in points]
     summaries: list[dict[str, Any]] = [{} for _ in points]
     clients: list[dict[str, Any]] = [{} for _ in points]
 
@@ -207,25 +236,50 @@ def run_sweep(
             if on_evaluation is not None:
                 on_evaluation(g, record)
 
-    states, timing = training_loop(
-        round_fn, states, train, keys, config, engine.strategy, on_evaluate, progress, fused
+    def checkpoint_meta(round_index):
+        return {"algorithm": name, "histories": histories, "config": config.to_dict(),
+                "points": [point.label() for point in points]}
+
+    checkpointing = (
+        Checkpointing.from_config(checkpoints, config, checkpoint_meta, on_checkpoint)
+        if checkpoints is not None else None
     )
-    compile_s = timing.compile_s
+    carry, timing = training_loop(
+        round_fn, carry, train, keys, config, engine.strategy, on_evaluate, progress, fused,
+        start_round=start_round, checkpointing=checkpointing, stop_on_divergence=False,
+    )
+    states, health = carry
+    health = host_health(health)
+    timing_record = {
+        **timing.as_dict(),
+        # Throughput of the whole sweep, in rounds of all points per second.
+        "sweep_rounds_per_s": timing.rounds_per_s,
+        "rounds_per_call": fused,
+        "backend": jax.default_backend(),
+        "resumed_from_round": start_round or None,
+    }
+    del timing_record["rounds_per_s"]
     results = []
     for g, point in enumerate(points):
         state = jax.tree.map(lambda x, g=g: x[g], states)
+        diverged = divergence(health, g)
         summary = {
             **summaries[g],
             "algorithm": name,
+            "status": "diverged" if diverged else "finished",
             "hparams": dict(point.hparams),
             "seed": point.seed,
             "rounds": config.rounds,
+            "rounds_without_weight": int(health["rounds_without_weight"][g]),
             "sweep_points": len(points),
-            "compile_s": compile_s,
-            # Throughput of the whole sweep, in rounds of all points per second.
-            "sweep_rounds_per_s": timing.rounds_per_s,
             "strategy": engine.strategy.describe(),
-            "backend": jax.default_backend(),
         }
-        results.append(RunResult(name, state, histories[g], summary, clients[g]))
+        if diverged:
+            summary["diverged"] = diverged
+        privacy = privacy_spent(
+            run_setup, name, {k: float(v) for k, v in jax.device_get(state.hparams).items()}, config.rounds
+        )
+        if privacy is not None:
+            summary["privacy"] = privacy
+        results.append(RunResult(name, state, histories[g], summary, clients[g], timing_record))
     return results

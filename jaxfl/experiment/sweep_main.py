@@ -10,10 +10,15 @@ in `ServerState.hparams`, e.g. lr, l2, theta, mu, q, tilt), `server_lr` and
 options such as reweighting) varies in an outer loop, one compilation per
 combination.
 
-`--out DIR` receives `results.csv` (one row per grid point: its settings and
-the summaries of its test error and training loss) and `points/NNN/` per
-point with the four files of a single run; `points/NNN/config.json` is the
-equivalent single-run configuration (`jaxfl run --config` reproduces it).
+`--out DIR` receives `results.csv` (one row per grid point: its settings,
+its status and the summaries of its test error and training loss) and
+`points/NNN/` per point with the files of a single run;
+`points/NNN/config.json` is the equivalent single-run configuration
+(`jaxfl run --config` runs it; its results agree with the sweep's point up to
+float rounding, as the vmapped round batches the arithmetic differently).
+While it runs, `DIR.partial/checkpoints/group-NNN/` holds the checkpoints of
+each outer combination; `jaxfl sweep --resume DIR` continues an unfinished
+sweep, skipping the combinations that finished.
 """
 
 from __future__ import annotations
@@ -21,25 +26,47 @@ from __future__ import annotations
 import csv
 import dataclasses
 import itertools
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
+from jaxfl.experiment.checkpoints import RunCheckpoints
+from jaxfl.experiment.checks import check_grid_points
 from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value
+from jaxfl.experiment.health import EXIT_DIVERGED
+from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
+from jaxfl.experiment.main import CHECKPOINTS, read_result, truncate_metrics
 from jaxfl.experiment.outputs import (
     TABLE_COLUMNS,
-    OutputDirectory,
     append_jsonl,
     write_clients_csv,
     write_json,
+    write_jsonl,
 )
+from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import placement_line, setup
 from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, run_sweep
 
 # Settings that are traced in the round (vmapped) when the algorithm takes them.
 VMAPPED_EXTRA = (SERVER_LR, "seed")
+
+
+# Settings a grid cannot vary, and why (docs/reliability.md).
+NOT_GRIDDED = {
+    "algorithm": "a sweep runs one algorithm; run one sweep per algorithm",
+    "task": "a preset sets many settings at once; run one sweep per task",
+    "dataset_options": "a table of options; run one sweep per value (--dataset-option KEY=VALUE)",
+    "hidden_sizes": "a list of widths; run one sweep per value (config file key hidden_sizes)",
+    "out": "the sweep's output directory is one for all points",
+    "overwrite": "it is about the output directory, one for all points",
+    "progress": "it changes the display, not the points",
+    "checkpoint_every": "checkpoints do not change the points' results",
+    "checkpoint_seconds": "checkpoints do not change the points' results",
+    "keep_checkpoints": "checkpoints do not change the points' results",
+}
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -56,6 +83,8 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
             )
         if name in grid:
             raise ConfigError(f"--grid: {name} is given twice")
+        if name in NOT_GRIDDED:
+            raise ConfigError(f"--grid cannot vary {name}: {NOT_GRIDDED[name]}")
         kind = str(FIELDS[name].type)
         parsed = []
         for text in values.split(","):
@@ -69,6 +98,9 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
             except ValueError:
                 pass  # check_value names the expected type and range.
             parsed.append(check_value(name, value))
+        repeated = [v for i, v in enumerate(parsed) if v in parsed[:i]]
+        if repeated:
+            raise ConfigError(f"--grid: {name} lists {repeated[0]!r} twice (each point runs once)")
         grid[name] = parsed
     return grid
 
@@ -78,13 +110,22 @@ def _points(grid: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
-def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
-    """Runs the grid; returns the exit status."""
+def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: bool = False) -> int:
+    """Runs the grid; returns the exit status (3 when a point diverged).
+
+    With `resume`, `config` and `grid` are the saved ones of `config.out`'s
+    unfinished sweep: groups whose points finished are read back, the
+    others continue from their latest checkpoints.
+    """
     if len(config.algorithms) != 1:
         raise ConfigError("sweep runs one algorithm; give a single --algorithm")
     name = config.algorithms[0]
     if not grid:
         raise ConfigError("sweep needs at least one --grid NAME=V1,V2,...")
+    output = (
+        OutputDirectory(config.out, overwrite=config.overwrite, command="sweep", resuming=resume)
+        if config.out else None
+    )
     # Validate every outer combination (and the algorithm) before training.
     base_setup = setup(config)
     traced = set(base_setup.algorithms[name].hparam_defaults) | set(VMAPPED_EXTRA)
@@ -95,73 +136,135 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]]) -> int:
     for static in outer_points:
         static_config = dataclasses.replace(config, **static)
         setups.append(base_setup if not static else setup(static_config))
-    output = OutputDirectory(config.out, overwrite=config.overwrite) if config.out else None
-    staging = output.open() if output is not None else None
+    check_grid_points(config, grid, base_setup, name)
+    if output is None:
+        staging = None
+    elif resume:
+        staging = output.resume()
+    else:
+        staging = output.open(rounds=config.rounds)
+        write_json(staging / "config.json", {**config.to_dict(), "grid": dict(grid)})
 
     rows = []
+    diverged = []
     try:
-        index = 0
-        total = len(outer_points) * len(_points(inner))
-        for static, run_setup in zip(outer_points, setups, strict=True):
-            inner_points = _points(inner)
-            points = [
-                SweepPoint(
-                    hparams={k: float(v) for k, v in p.items() if k != "seed"},
-                    seed=int(p.get("seed", config.seed)),
+        with stop_on_signals():
+            index = 0
+            total = len(outer_points) * len(_points(inner))
+            for group, (static, run_setup) in enumerate(zip(outer_points, setups, strict=True)):
+                inner_points = _points(inner)
+                results = _run_group(
+                    run_setup, name, static, inner_points, index, group, staging, output, resume
                 )
-                for p in inner_points
-            ]
-            first = index
-            directories = []
-            for offset, p in enumerate(inner_points):
-                directory = staging / "points" / f"{first + offset:03d}" if staging else None
-                if directory is not None:
-                    directory.mkdir(parents=True)
-                    point_config = dataclasses.replace(
-                        run_setup.config,
-                        algorithm=name,
-                        **{k: v for k, v in p.items() if k in FIELDS},
-                    )
-                    write_json(directory / "config.json", point_config.to_dict())
-                directories.append(directory)
-
-            def on_evaluation(g, record, directories=directories):
-                if directories[g] is not None:
-                    append_jsonl(directories[g] / "metrics.jsonl", record)
-
-            label = ", ".join(f"{k}={v}" for k, v in static.items()) or name
-            with tqdm(
-                total=config.rounds, desc=f"{label} ({len(points)} points)", unit="round",
-                disable=not config.progress, file=sys.stderr, dynamic_ncols=True,
-            ) as bar:
-                results = run_sweep(run_setup, name, points, on_evaluation=on_evaluation, progress=bar)
-            for offset, (p, result) in enumerate(zip(inner_points, results, strict=True)):
-                if directories[offset] is not None:
-                    write_json(directories[offset] / "summary.json", result.summary)
-                    write_clients_csv(directories[offset] / "clients.csv", result.clients)
-                row = {"point": first + offset, **static, **p}
-                for key, column in TABLE_COLUMNS:
-                    row[f"test_error_{column}"] = result.summary["test_error"][key]
-                row["train_loss_mean"] = result.summary["train_loss"]["mean"]
-                rows.append(row)
-            index += len(points)
+                for offset, (p, result) in enumerate(zip(inner_points, results, strict=True)):
+                    row = {"point": index + offset, **static, **p, "status": result.summary["status"]}
+                    for key, column in TABLE_COLUMNS:
+                        row[f"test_error_{column}"] = result.summary.get("test_error", {}).get(key)
+                    row["train_loss_mean"] = result.summary.get("train_loss", {}).get("mean")
+                    rows.append(row)
+                    if result.diverged:
+                        diverged.append((index + offset, result.diverged))
+                index += len(inner_points)
         if staging is not None:
-            write_json(staging / "config.json", {**config.to_dict(), "grid": dict(grid)})
             columns = list(dict.fromkeys(k for row in rows for k in row))
             with (staging / "results.csv").open("w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=columns)
                 writer.writeheader()
                 writer.writerows(rows)
-            output.commit()
-    except BaseException:
+            output.commit("diverged" if diverged else "finished")
+    except RunInterrupted as stop:
         if output is not None:
-            output.abandon()
+            output.keep("interrupted", round=stop.round)
+            where = f"checkpoint in {output.staging}; continue with: jaxfl sweep --resume {output.path}"
+        else:
+            where = "nothing saved (no --out)"
+        print(f"jaxfl: interrupted at round {stop.round} of {config.rounds}; {where}", file=sys.stderr)
+        return 128 + stop.signal_number
+    except BaseException as error:
+        if output is not None:
+            if staging is not None and (staging / CHECKPOINTS).is_dir():
+                output.keep("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+            else:
+                output.abandon()
         raise
     print(placement_line(base_setup))
     _print_rows(rows, grid, total)
+    for point, info in diverged:
+        print(
+            f"jaxfl: error: point {point} diverged at round {info['round']}: {info['quantity']}",
+            file=sys.stderr,
+        )
     if output is not None:
         print(f"results in {output.path}")
-    return 0
+    return EXIT_DIVERGED if diverged else 0
+
+
+def point_config(config: RunConfig, name: str, point: Mapping[str, Any]) -> RunConfig:
+    """The single run a sweep point is: its settings, and no output folder of the sweep's."""
+    return dataclasses.replace(
+        config, algorithm=name, out=None, overwrite=False,
+        **{k: v for k, v in point.items() if k in FIELDS},
+    )
+
+
+def _run_group(run_setup, name, static, inner_points, first, group, staging, output, resume):
+    """Trains one outer combination's points together (one compiled round); writes their files."""
+    config = run_setup.config
+    directories = [
+        staging / "points" / f"{first + offset:03d}" if staging is not None else None
+        for offset in range(len(inner_points))
+    ]
+    if staging is not None and resume and all((d / "summary.json").exists() for d in directories):
+        return [read_result(d, name) for d in directories]
+    points = [
+        SweepPoint(
+            hparams={k: float(v) for k, v in p.items() if k != "seed"},
+            seed=int(p.get("seed", config.seed)),
+        )
+        for p in inner_points
+    ]
+    checkpoints = None
+    on_checkpoint = None
+    if staging is not None:
+        checkpoints = RunCheckpoints(
+            staging / CHECKPOINTS / f"group-{group:03d}", keep=config.keep_checkpoints
+        )
+        last = checkpoints.latest_round() if resume else None
+        for directory, p in zip(directories, inner_points, strict=True):
+            directory.mkdir(parents=True, exist_ok=True)
+            write_json(directory / "config.json", point_config(config, name, {**static, **p}).to_dict())
+            truncate_metrics(directory / "metrics.jsonl", last)
+
+        def on_checkpoint(round_index):
+            output.update(round=round_index, group=group)
+
+    def on_evaluation(g, record):
+        if directories[g] is not None:
+            append_jsonl(directories[g] / "metrics.jsonl", record)
+
+    label = ", ".join(f"{k}={v}" for k, v in static.items()) or name
+    try:
+        with tqdm(
+            total=config.rounds, desc=f"{label} ({len(points)} points)", unit="round",
+            disable=not config.progress, file=sys.stderr, dynamic_ncols=True,
+        ) as bar:
+            results = run_sweep(
+                run_setup, name, points, on_evaluation=on_evaluation, progress=bar,
+                checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
+            )
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+    for directory, result in zip(directories, results, strict=True):
+        if directory is not None:
+            write_jsonl(directory / "metrics.jsonl", result.history)
+            write_json(directory / "summary.json", result.summary)
+            write_json(directory / "timing.json", result.timing)
+            if result.clients:
+                write_clients_csv(directory / "clients.csv", result.clients)
+    if checkpoints is not None:
+        shutil.rmtree(checkpoints.directory, ignore_errors=True)
+    return results
 
 
 def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total: int) -> None:

@@ -12,7 +12,7 @@ from reference import assert_cli_refuses
 from jaxfl.cli import main
 from jaxfl.evaluation import SUMMARY_KEYS
 from jaxfl.experiment.config import ConfigError
-from jaxfl.experiment.outputs import OutputDirectory
+from jaxfl.experiment.run_directory import MARKER, OutputDirectory
 
 TINY = [
     "--dataset-option", "num_train_clients=40",
@@ -37,10 +37,13 @@ def finished_run(tmp_path_factory):
     return out
 
 
-def test_run_writes_the_four_files(finished_run):
-    assert sorted(p.name for p in finished_run.iterdir()) == [
-        "clients.csv", "config.json", "metrics.jsonl", "summary.json",
-    ]
+RUN_FILES = [
+    "clients.csv", "config.json", "jaxfl-run.json", "metrics.jsonl", "model", "summary.json", "timing.json",
+]
+
+
+def test_run_writes_its_files(finished_run):
+    assert sorted(p.name for p in finished_run.iterdir()) == RUN_FILES
     summary = json.loads((finished_run / "summary.json").read_text())
     for group in ("train_loss", "test_error"):
         assert set(SUMMARY_KEYS) <= set(summary[group])
@@ -66,7 +69,7 @@ def test_default_compares_fedavg_and_deltafl(tmp_path, capsys):
     assert any(line.startswith("deltafl ") for line in lines)
     for name in ("fedavg", "deltafl"):
         assert sorted(p.name for p in (out / name).iterdir()) == [
-            "clients.csv", "config.json", "metrics.jsonl", "summary.json",
+            f for f in RUN_FILES if f != "jaxfl-run.json"
         ]
         assert json.loads((out / name / "config.json").read_text())["algorithm"] == name
     assert (out / "comparison.csv").read_text().count("\n") == 3
@@ -149,11 +152,15 @@ def test_missing_config_file(tmp_path, capsys):
     assert status == 2 and "nope.toml" in err
 
 
+def _contents(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_existing_output_is_never_overwritten_without_flag(finished_run, capsys):
-    before = {p.name: p.read_bytes() for p in finished_run.iterdir()}
+    before = _contents(finished_run)
     status, _, err = _run([*TINY, "--out", str(finished_run)], capsys)
     assert status == 2 and "--overwrite" in err
-    assert {p.name: p.read_bytes() for p in finished_run.iterdir()} == before
+    assert _contents(finished_run) == before
 
 
 def test_overwrite_replaces_only_after_success(finished_run, tmp_path, capsys):
@@ -168,6 +175,7 @@ def test_failed_run_keeps_earlier_results(tmp_path):
     target = tmp_path / "kept"
     target.mkdir()
     (target / "summary.json").write_text("{}")
+    (target / MARKER).write_text('{"created_by": "jaxfl", "status": "finished"}')
     output = OutputDirectory(target, overwrite=True)
     staging = output.open()
     (staging / "summary.json").write_text('{"half": true}')

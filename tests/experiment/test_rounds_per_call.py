@@ -34,11 +34,11 @@ def test_fused_rounds_equal_one_round_per_call(monkeypatch):
     run_setup = setup(make_config(CONFIG))
     fused = run_algorithm(run_setup, "deltafl")
     sweep_fused = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
-    assert fused.summary["rounds_per_call"] == 2  # 8 CPU devices in tests: sharded rounds fuse.
+    assert fused.timing["rounds_per_call"] == 2  # 8 CPU devices in tests: sharded rounds fuse.
     monkeypatch.setattr(runner, "MAX_ROUNDS_PER_CALL", 1)
     single = run_algorithm(run_setup, "deltafl")
     sweep_single = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
-    assert single.summary["rounds_per_call"] == 1
+    assert single.timing["rounds_per_call"] == 1
     _assert_same(fused.state, single.state)
     _assert_same(sweep_fused.state, sweep_single.state)
     assert [r["round"] for r in fused.history] == [2, 4]

@@ -1,0 +1,106 @@
+"""Divergence and empty rounds, detected inside the compiled round.
+
+`monitored(round_fn)` carries a `RunHealth` beside the server state: after
+every round it checks, on the device, that the new parameters are finite
+and below `EXPLODED_MAGNITUDE` in magnitude and that the round's training
+loss is finite, and records the first round where one is not (and which),
+and it counts the rounds in which no client got weight (every client a
+straggler, a threshold that filtered everyone: the model did not move).
+The host reads these three integers only when it stops anyway (at an
+evaluation or a checkpoint), so the check costs no round trip per round.
+
+A run whose health says diverged stops with a one-line message, exit status
+`EXIT_DIVERGED`, and its summary marked as diverged; its checkpoints are
+only ever of finite states (the host checks before saving).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EXIT_DIVERGED = 3
+
+# A parameter this large is a run that blew up, though still finite: its
+# squares (l2 penalties, norms) already overflow float32 (max 3.4e38), and a
+# healthy model sits many orders of magnitude below.
+EXPLODED_MAGNITUDE = 1e18
+
+QUANTITIES = {
+    1: "the model parameters are not finite (NaN or inf)",
+    2: f"the model parameters exceed {EXPLODED_MAGNITUDE:.0e} in magnitude",
+    3: "the training loss is not finite (NaN or inf)",
+}
+
+
+class RunHealth(NamedTuple):
+    """int32 scalars carried through the rounds (a pytree; vmapped in sweeps).
+
+    Attributes:
+      diverged_round: the first round (1-based) whose outcome failed a check; -1 if none.
+      quantity: which check it failed (a key of `QUANTITIES`); 0 if none.
+      rounds_without_weight: rounds in which no client got weight.
+    """
+
+    diverged_round: jax.Array
+    quantity: jax.Array
+    rounds_without_weight: jax.Array
+
+
+def initial_health() -> RunHealth:
+    return RunHealth(
+        jnp.asarray(-1, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
+    )
+
+
+def check_round(health: RunHealth, round_number: jax.Array, params: Any, metrics: dict) -> RunHealth:
+    """`health` updated with one round's outcome (round_number is 1-based)."""
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(params)]
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+    largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0) for leaf in leaves]))
+    loss = metrics.get("train_loss")
+    loss_finite = jnp.isfinite(loss) if loss is not None else jnp.asarray(True)
+    quantity = jnp.where(
+        ~finite, 1, jnp.where(largest > EXPLODED_MAGNITUDE, 2, jnp.where(~loss_finite, 3, 0))
+    ).astype(jnp.int32)
+    first = (health.diverged_round < 0) & (quantity > 0)
+    weighted = metrics.get("clients_with_weight")
+    empty = (weighted == 0) if weighted is not None else jnp.asarray(False)
+    return RunHealth(
+        diverged_round=jnp.where(first, round_number.astype(jnp.int32), health.diverged_round),
+        quantity=jnp.where(first, quantity, health.quantity),
+        rounds_without_weight=health.rounds_without_weight + empty.astype(jnp.int32),
+    )
+
+
+def monitored(round_fn: Callable) -> Callable:
+    """`round_fn` over a carry `(state, RunHealth)` instead of the state.
+
+    `(carry, population, key) -> (carry, metrics)`, jittable and vmappable
+    like `round_fn`; the state and metrics are unchanged.
+    """
+
+    def round_with_health(carry, population, key):
+        state, health = carry
+        new_state, metrics = round_fn(state, population, key)
+        return (new_state, check_round(health, new_state.round, new_state.params, metrics)), metrics
+
+    return round_with_health
+
+
+def host_health(health: RunHealth) -> dict[str, np.ndarray]:
+    """The health as host arrays (one value, or one per sweep point)."""
+    return {name: np.asarray(value) for name, value in jax.device_get(health)._asdict().items()}
+
+
+def divergence(health: dict[str, np.ndarray], index: int | None = None) -> dict[str, Any] | None:
+    """`{'round', 'quantity'}` of a diverged run (or sweep point `index`), else None."""
+    diverged_round = health["diverged_round"] if index is None else health["diverged_round"][index]
+    if int(diverged_round) < 0:
+        return None
+    code = health["quantity"] if index is None else health["quantity"][index]
+    return {"round": int(diverged_round), "quantity": QUANTITIES[int(code)]}
