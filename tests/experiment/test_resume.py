@@ -1,0 +1,280 @@
+"""Checkpoints and --resume: a stopped run, resumed, ends bit for bit as the uninterrupted one.
+
+Stops are simulated in-process (a SIGINT seen after a random number of
+compiled calls, or the state `kill -9` leaves: the latest checkpoints gone,
+evaluation records past the checkpoint and a cut last line), and done for
+real with SIGTERM and SIGKILL on a `jaxfl` process.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxfl.cli import main
+from jaxfl.experiment import runner
+from jaxfl.experiment.run_directory import MARKER
+from jaxfl.experiment.saved_model import load_model
+
+BASE = [
+    "--dataset-option", "num_train_clients=40",
+    "--dataset-option", "num_validation_clients=0",
+    "--dataset-option", "num_test_clients=20",
+    "--dataset-option", "pool_size=20000",
+    "--rounds", "8", "--clients-per-round", "5", "--eval-every", "2",
+    "--no-progress", "--checkpoint-every", "2",
+]
+RESULT_FILES = ("summary.json", "metrics.jsonl", "clients.csv", "config.json")
+
+
+class StopAfter:
+    """A stop request whose signal appears after `calls` reads (one read per compiled call)."""
+
+    def __init__(self, calls, number=signal.SIGINT):
+        self.calls = calls
+        self.number = number
+
+    @property
+    def signal(self):
+        self.calls -= 1
+        return self.number if self.calls < 0 else None
+
+
+def _files(folder):
+    """The result files, byte for byte (config.json without its `out`, which names the folder)."""
+    files = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name in (*RESULT_FILES, "results.csv", "comparison.csv"):
+            content = p.read_bytes()
+            if p.name == "config.json":
+                config = json.loads(content)
+                config.pop("out", None)
+                content = json.dumps(config).encode()
+            files[str(p.relative_to(folder))] = content
+    return files
+
+
+def _params(folder, algorithm=None):
+    return jax.tree.leaves(load_model(folder, algorithm).params)
+
+
+def _assert_same_params(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _interrupt(monkeypatch, argv, calls, number=signal.SIGINT):
+    request = StopAfter(calls, number)
+    monkeypatch.setattr(runner, "current_request", lambda: request)
+    status = main(argv)
+    monkeypatch.undo()
+    return status
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference runs, one per layout."""
+    root = tmp_path_factory.mktemp("reference")
+    outs = {}
+    for layout in ("vmap", "sharded"):
+        outs[layout] = root / layout
+        argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", layout, "--out", str(outs[layout])]
+        assert main(argv) == 0
+    return outs
+
+
+@pytest.mark.parametrize("layout", ["vmap", "sharded"])
+def test_resume_after_sigint_at_random_rounds_is_bitwise_identical(
+    layout, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    rng = np.random.default_rng(11 if layout == "vmap" else 12)
+    # Sharded rounds run 2 per call here (8 CPU devices): 4 calls in all.
+    calls = rng.choice(np.arange(1, 4), size=2, replace=False)
+    for stop_after in calls:
+        out = tmp_path / f"stopped-{stop_after}"
+        argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", layout, "--out", str(out)]
+        assert _interrupt(monkeypatch, argv, int(stop_after)) == 130
+        err = capsys.readouterr().err
+        assert f"jaxfl run --resume {out}" in err and err.count("\n") == 1
+        marker = json.loads((out.parent / (out.name + ".partial") / MARKER).read_text())
+        assert marker["status"] == "interrupted" and marker["round"] > 0
+        assert not out.exists()
+        assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+        assert _files(out) == _files(uninterrupted[layout])
+        _assert_same_params(_params(out), _params(uninterrupted[layout]))
+        timing = json.loads((out / "timing.json").read_text())
+        assert timing["resumed_from_round"] == marker["round"]
+        assert not (out / "checkpoints").exists()
+
+
+def test_resume_from_the_state_kill_9_leaves(uninterrupted, tmp_path, monkeypatch):
+    # kill -9 between checkpoints: the latest checkpoint never written,
+    # evaluation records past the last one, and a half-written line.
+    out = tmp_path / "killed"
+    argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", "vmap", "--out", str(out)]
+    assert _interrupt(monkeypatch, argv, 5) == 130
+    staging = out.parent / (out.name + ".partial")
+    checkpoints = sorted(int(p.name) for p in (staging / "checkpoints").iterdir() if p.name.isdigit())
+    assert checkpoints == [4, 6]  # Stopped at round 6; two kept.
+    shutil.rmtree(staging / "checkpoints" / "6")
+    assert [json.loads(line)["round"] for line in (staging / "metrics.jsonl").read_text().splitlines()] == [
+        2, 4, 6
+    ]
+    with (staging / "metrics.jsonl").open("a") as f:
+        f.write('{"algorithm": "fedavg", "round": 8, "round_me')
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert _files(out) == _files(uninterrupted["vmap"])
+    _assert_same_params(_params(out), _params(uninterrupted["vmap"]))
+
+
+def test_several_algorithms_resume_the_unfinished_one(tmp_path, monkeypatch):
+    argv = ["--algorithm", "fedavg,deltafl", "--strategy", "vmap"]
+    reference = tmp_path / "reference"
+    assert main(["run", *BASE, *argv, "--out", str(reference)]) == 0
+    out = tmp_path / "stopped"
+    # fedavg finishes (8 calls of one round), deltafl stops after three.
+    assert _interrupt(monkeypatch, ["run", *BASE, *argv, "--out", str(out)], 11) == 130
+    marker = json.loads((tmp_path / "stopped.partial" / MARKER).read_text())
+    assert marker["algorithm"] == "deltafl"
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert _files(out) == _files(reference)
+    for name in ("fedavg", "deltafl"):
+        _assert_same_params(_params(out, name), _params(reference, name))
+
+
+def test_dp_run_resumes_with_its_privacy_spent(tmp_path, monkeypatch):
+    argv = ["--algorithm", "dp-fedavg", "--epsilon", "8", "--strategy", "vmap"]
+    reference = tmp_path / "reference"
+    assert main(["run", *BASE, *argv, "--out", str(reference)]) == 0
+    out = tmp_path / "stopped"
+    assert _interrupt(monkeypatch, ["run", *BASE, *argv, "--out", str(out)], 2) == 130
+    staging = tmp_path / "stopped.partial"
+    latest = max(int(p.name) for p in (staging / "checkpoints").iterdir() if p.name.isdigit())
+    meta = json.loads((staging / "checkpoints" / str(latest) / "meta" / "metadata").read_text())
+    assert meta["privacy_spent"]["rounds"] == latest
+    assert meta["privacy_spent"]["epsilon"] < json.loads((reference / "summary.json").read_text())[
+        "privacy"]["epsilon"]
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert _files(out) == _files(reference)
+    assert json.loads((out / "summary.json").read_text())["privacy"]["rounds"] == 8
+
+
+def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
+    grid = ["--grid", "theta=0.3,0.7", "--grid", "batch_size=5,10"]
+    argv = [*BASE, "--algorithm", "deltafl", "--strategy", "vmap", *grid]
+    reference = tmp_path / "reference"
+    assert main(["sweep", *argv, "--out", str(reference)]) == 0
+    out = tmp_path / "stopped"
+    # The first outer group (batch_size=5) finishes in 8 calls; the second stops at round 3.
+    assert _interrupt(monkeypatch, ["sweep", *argv, "--out", str(out)], 11) == 130
+    staging = tmp_path / "stopped.partial"
+    assert (staging / "points" / "000" / "summary.json").exists()
+    assert not (staging / "points" / "002" / "summary.json").exists()
+    assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
+    assert _files(out) == _files(reference)
+
+
+def test_a_point_config_reruns_as_a_single_run_without_the_sweeps_out(tmp_path):
+    out = tmp_path / "sweep"
+    argv = [*BASE, "--algorithm", "deltafl", "--strategy", "vmap", "--grid", "theta=0.3,0.7"]
+    assert main(["sweep", *argv, "--out", str(out)]) == 0
+    config = json.loads((out / "points" / "001" / "config.json").read_text())
+    assert config["out"] is None and config["theta"] == 0.7 and config["algorithm"] == "deltafl"
+    single = tmp_path / "single"
+    assert main(["run", "--config", str(out / "points" / "001" / "config.json"), "--out", str(single)]) == 0
+    point = json.loads((out / "points" / "001" / "summary.json").read_text())
+    alone = json.loads((single / "summary.json").read_text())
+    assert alone["test_error"]["mean"] == pytest.approx(point["test_error"]["mean"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--rounds", "9"], ["--resume", "--rounds"]),
+        (["--dataset-option", "seed=1"], ["--resume", "--dataset-option"]),
+    ],
+)
+def test_resume_takes_no_other_settings(argv, words, tmp_path, capsys):
+    status = main(["run", "--resume", str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+def test_resume_refuses_what_cannot_be_resumed(uninterrupted, tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "no unfinished run" in capsys.readouterr().err
+    assert main(["run", "--resume", str(uninterrupted["vmap"])]) == 2
+    assert "finished" in capsys.readouterr().err
+    assert main(["sweep", "--resume", str(uninterrupted["vmap"])]) == 2
+    capsys.readouterr()
+
+
+def _spawn(argv, env_extra=None):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFL_CPU_DEVICES": "1", **(env_extra or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxfl.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )
+
+
+def _wait_for_checkpoint(staging, at_least, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        folder = staging / "checkpoints"
+        rounds = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+        if rounds and max(rounds) >= at_least:
+            return
+        if process.poll() is not None:
+            pytest.fail(f"the run ended before a checkpoint: {process.communicate()}")
+        time.sleep(0.05)
+    pytest.fail("no checkpoint in time")
+
+
+KILLED = ["run", *BASE, "--rounds", "400", "--eval-every", "100", "--checkpoint-every", "10",
+          "--algorithm", "fedavg", "--strategy", "vmap"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_process(tmp_path_factory):
+    """The reference of the killed processes, run as a process too (the test process compiles
+    with other XLA settings)."""
+    out = tmp_path_factory.mktemp("process") / "reference"
+    process = _spawn([*KILLED, "--out", str(out)])
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_real_process_killed_then_resumed(how, uninterrupted_process, tmp_path):
+    out = tmp_path / "killed"
+    process = _spawn([*KILLED, "--out", str(out)])
+    staging = tmp_path / "killed.partial"
+    at_least = int(np.random.default_rng(3 if how == "SIGKILL" else 4).integers(10, 200))
+    _wait_for_checkpoint(staging, at_least, process)
+    process.send_signal(getattr(signal, how))
+    _, err = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    if how == "SIGTERM":
+        assert process.returncode == 143, err
+        assert "--resume" in err
+        assert json.loads((staging / MARKER).read_text())["status"] == "interrupted"
+    else:
+        assert process.returncode == -signal.SIGKILL
+        assert json.loads((staging / MARKER).read_text())["status"] == "running"
+    resumed = _spawn(["run", "--resume", str(out), "--no-progress"])
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert _files(out) == _files(uninterrupted_process)
+    _assert_same_params(_params(out), _params(uninterrupted_process))
