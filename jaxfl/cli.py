@@ -36,6 +36,8 @@ from jaxfl.experiment.config import (
     ConfigError,
     RunConfig,
     check_value,
+    defer_warning,
+    discard_warnings,
     make_config,
     read_config_file,
 )
@@ -191,7 +193,12 @@ def resume_settings(args: argparse.Namespace) -> tuple[RunConfig, dict[str, list
     if path.name.endswith(STAGING_SUFFIX):
         path = path.with_name(path.name[: -len(STAGING_SUFFIX)])
     output = OutputDirectory(path, command=args.command, resuming=True)
-    saved = read_config_file(output.staging / "config.json")
+    try:
+        saved = json.loads((output.staging / "config.json").read_text())
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"{output.staging / 'config.json'} is missing or damaged; the run cannot resume"
+        ) from None
     grid = saved.pop("grid", None)
     saved["out"] = str(path)
     if args.progress is not None:
@@ -225,6 +232,7 @@ def _theta_list(text: str) -> list[float]:
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """Defaults, then the config file, then the flags."""
+    discard_warnings()  # Printed once the run is checked (`held_warnings` in setup).
     values: dict[str, Any] = {}
     if args.config:
         values.update(read_config_file(args.config))
@@ -236,7 +244,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         options = dict(values.get("dataset_options") or {})
         options.update(dict(args.dataset_option))
         values["dataset_options"] = options
-    return make_config(values)
+    return make_config(values, on_warning=defer_warning)
 
 
 def _list() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -329,6 +330,31 @@ def dataset_listing() -> list[tuple[str, DatasetSpec]]:
     return [*sorted(DATASETS.items()), (f"{TFDS_PREFIX}NAME", _TFDS_SPEC)]
 
 
+# Integer options fit int32 and float ones float32, as every run setting does
+# (`jaxfl.experiment.config.check_value`): no count, size or seed that wraps
+# around, and no parameter that becomes infinite on the device.
+_INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_option_number(name: str, option: str, value: Any) -> None:
+    """Raises ValueError for an int outside int32 or a float outside float32's finite range."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not -_INT32_MAX - 1 <= value <= _INT32_MAX:
+        text = repr(value)
+        shown = text if len(text) <= 40 else f"{text[:30]}... ({len(text)} digits)"
+        raise ValueError(
+            f"dataset {name!r}: option {option} must be an integer that int32 holds "
+            f"(magnitude <= {_INT32_MAX}), got {shown}"
+        )
+    if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+        raise ValueError(
+            f"dataset {name!r}: option {option} must be a finite number that float32 holds "
+            f"(magnitude <= {_FLOAT32_MAX:.8g}), got {value!r}"
+        )
+
+
 def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> FederatedDataset:
     """Loads the dataset registered as `name`.
 
@@ -364,6 +390,8 @@ def load_dataset(name: str, *, data_dir: str | None = None, **options: Any) -> F
         raise ValueError(
             f"dataset {name!r} has no option {unknown[0]!r}{fixed_note}; valid options: {valid_text}"
         )
+    for option, value in options.items():
+        _check_option_number(name, option, value)
     arguments = {**valid, **options, **spec.fixed, **given}
     if spec.reads_files:
         arguments["data_dir"] = data_dir

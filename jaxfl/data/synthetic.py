@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from jaxfl.data.memory import check_memory
 from jaxfl.data.population import (
     FederatedDataset,
     pack_arrays,
@@ -39,9 +40,13 @@ from jaxfl.data.population import (
 
 __all__ = [
     "fedprox_synthetic",
+    "fedprox_synthetic_nbytes",
     "label_shift",
+    "label_shift_nbytes",
     "many_clients",
+    "many_clients_nbytes",
     "peer_benchmark",
+    "peer_benchmark_nbytes",
 ]
 
 # The largest number of examples a packed population can index with int32
@@ -102,6 +107,69 @@ def _check_float(
 
 def _check_seed(name, value):
     return _check_int(name, value, minimum=0)
+
+
+def _check_fits(nbytes, what, hint):
+    """Refuses, before generating, a dataset that would not fit in memory."""
+    check_memory(nbytes, what, hint=hint)
+
+
+# Memory estimates (bytes) of the generators, from their validated arguments:
+# lower bounds of the arrays each builds (float64 draws, float32 features and
+# int32 labels, the per-client lists and the packed copy), so that a refusal
+# is never a false alarm. `_check_fits` compares them with the memory available
+# before anything large is drawn.
+
+
+def fedprox_synthetic_nbytes(num_clients, num_features, num_classes, total_examples=0, max_examples=0):
+    """Memory of `fedprox_synthetic`: its per-client draws before the sizes are
+    known, then (given `total_examples` and the largest client) its examples.
+    """
+    draws = num_clients * 8 * 4 + num_features * 8 + num_features * num_classes * 8 * 2
+    # x float64 while drawn (and its permuted copy), then float32 in the
+    # client lists and in the packed populations.
+    examples = total_examples * (num_features * 4 + 4) * 2 + max_examples * num_features * 8 * 2
+    return draws + examples
+
+
+def label_shift_nbytes(
+    num_train_clients, num_validation_clients, num_test_clients, examples_per_client, pool_size
+):
+    """Memory of `label_shift`: make_classification's float64 pool (with its
+    temporaries, three copies) and the float32 one, then the populations.
+    """
+    pool = pool_size * _LABEL_SHIFT_NUM_FEATURES * (8 * 3 + 4) + pool_size * 8 * 3
+    clients = num_train_clients + num_validation_clients + num_test_clients
+    return pool + clients * examples_per_client * (_LABEL_SHIFT_NUM_FEATURES * 4 + 4) * 2
+
+
+def peer_benchmark_nbytes(
+    num_features, num_classes, num_clients, min_examples, max_examples, num_test_clients
+):
+    """Memory of `peer_benchmark`: W_true, then the clients (mean size
+    (min + max) / 2) in lists and packed, and the largest client's logits.
+    """
+    weights = num_features * num_classes * (8 + 4)
+    mean_size = (min_examples + max_examples) / 2
+    clients = (num_clients + num_test_clients) * mean_size * (num_features * 4 + 4) * 2
+    return int(weights + clients + max_examples * num_classes * 4)
+
+
+def many_clients_nbytes(
+    num_clients, min_examples, max_examples, num_features, num_classes, num_test_clients, storage
+):
+    """Memory of `many_clients`: sizes and per-client logit shifts of every
+    client, then all examples ('memory') or one block of clients ('disk').
+    """
+    clients = num_clients + num_test_clients
+    per_client = clients * 8 + num_clients * num_classes * 4 * 2
+    mean_size = (min_examples + max_examples) / 2
+    block = min(_CLIENT_BLOCK, num_clients) * mean_size * (num_features * 4 + num_classes * 4 * 2 + 4)
+    if storage == "memory":
+        examples = clients * mean_size * (num_features * 4 + 4) * 2
+    else:
+        examples = 0
+    return int(num_features * num_classes * 4 + per_client + block + examples)
 
 
 def _check_total_examples(total, what):
@@ -208,11 +276,30 @@ def fedprox_synthetic(
         alpha = _check_float("alpha", alpha, minimum=0.0)
         beta = _check_float("beta", beta, minimum=0.0)
 
+    _check_fits(
+        fedprox_synthetic_nbytes(num_clients, num_features, num_classes),
+        f"num_clients={num_clients}, num_features={num_features}, num_classes={num_classes}",
+        "lower them",
+    )
     rng = np.random.default_rng(seed)
     # Heavy-tailed client sizes ("power law" in the thesis).
-    client_sizes = rng.lognormal(4.0, size_sigma, num_clients).astype(np.int64)
+    client_sizes = rng.lognormal(4.0, size_sigma, num_clients)
+    if not np.all(client_sizes < _MAX_EXAMPLES):  # Also NaN or inf: lognormal overflowed.
+        raise ValueError(
+            f"size_sigma={size_sigma:g} draws a client of more than {_MAX_EXAMPLES} examples "
+            "(the most a population holds); lower size_sigma"
+        )
+    client_sizes = client_sizes.astype(np.int64)
     client_sizes += 50
     _check_total_examples(int(client_sizes.sum()), "Synthetic")
+    _check_fits(
+        fedprox_synthetic_nbytes(
+            num_clients, num_features, num_classes, int(client_sizes.sum()), int(client_sizes.max())
+        ),
+        f"Synthetic of {int(client_sizes.sum())} examples of {num_features} features "
+        f"(num_clients={num_clients}, size_sigma={size_sigma:g})",
+        "lower num_clients, num_features or size_sigma",
+    )
 
     # sqrt of Sigma's diagonal: x = v_k + feature_scales * standard normal.
     feature_scales = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
@@ -460,6 +547,13 @@ def label_shift(
             "pool_size or lower the number of clients or examples_per_client"
         )
 
+    _check_fits(
+        label_shift_nbytes(
+            num_train_clients, num_validation_clients, num_test_clients, examples_per_client, pool_size
+        ),
+        f"pool_size={pool_size}",
+        "lower pool_size (it must hold the clients' examples) and the number of clients",
+    )
     pool_x, pool_y = _make_classification_pool(pool_size, data_seed)
     pool_rng, train_rng, validation_rng, test_rng = (
         np.random.default_rng(s)
@@ -587,6 +681,14 @@ def peer_benchmark(
     _check_total_examples(
         (num_clients + num_test_clients) * max_examples, "peer-benchmark"
     )
+    _check_fits(
+        peer_benchmark_nbytes(
+            num_features, num_classes, num_clients, min_examples, max_examples, num_test_clients
+        ),
+        f"num_features={num_features}, num_classes={num_classes} and {num_clients + num_test_clients} "
+        f"clients of {min_examples}-{max_examples} examples",
+        "lower them",
+    )
 
     rng = np.random.default_rng(seed)
     true_weights = rng.normal(size=(num_features, num_classes)).astype(np.float32)
@@ -712,6 +814,15 @@ def many_clients(
     seed = _check_seed("seed", seed)
     if storage not in ("memory", "disk"):
         raise ValueError(f"storage must be 'memory' or 'disk', got {storage!r}")
+    _check_total_examples(num_clients * min_examples, "many-clients")
+    _check_fits(
+        many_clients_nbytes(
+            num_clients, min_examples, max_examples, num_features, num_classes, num_test_clients, storage
+        ),
+        f"{num_clients} clients of {min_examples}-{max_examples} examples, num_features={num_features}, "
+        f"num_classes={num_classes} (storage={storage})",
+        "lower them" + ("" if storage == "disk" else ", or storage=disk"),
+    )
     description = (
         f"many clients: {num_clients} clients of {min_examples}-"
         f"{max_examples} examples, {num_features} -> {num_classes} linear "

@@ -8,6 +8,7 @@ allowed; the CLI prints it and exits with status 2.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -203,7 +204,7 @@ class RunConfig:
     dp_sigma: float = _field(
         1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma in [0, 1e6] per client "
         "(the sampler's range)",
-        low=0.0, high=1e6,
+        low=0.0,
     )
     dp_scale: int = _field(
         10,
@@ -252,7 +253,7 @@ class RunConfig:
         None,
         "dp-deltafl: discrete Gaussian sigma in [0.5, 1e6] of the quantile per client "
         "(unset: calibrated from the noise multiplier and --dp-quantile-ratio)",
-        low=0.5, high=1e6, optional=True,
+        low=0.5, optional=True,
     )
     strategy: str = _field(
         "auto",
@@ -310,18 +311,18 @@ FLOAT32_TINY = 1.1754943508222875e-38  # np.finfo(np.float32).tiny: smaller magn
 MAX_DISCRETE_GAUSSIAN_SIGMA = 1e6
 
 
-def _limits(field: dataclasses.Field) -> dict[str, Any]:
-    """The field's range, with int32's bound on integers that have no upper bound."""
-    meta = dict(field.metadata)
-    if _expected_type(field) == "int" and (meta["high"] is None or meta["high"] > INT32_MAX):
-        meta.update(high=INT32_MAX, high_open=False)
-    return meta
 
 
 def _shown(value: Any) -> str:
     """`repr(value)`, shortened so that an error stays one readable line."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]} ({len(text)} characters)"
+
+
+def _ranged(meta) -> str:
+    """' ' + the range text, or '' for a field without a range."""
+    text = _range_text(meta)
+    return f" {text}" if text else ""
 
 
 def _range_text(meta) -> str:
@@ -358,7 +359,7 @@ def check_value(name: str, value: Any) -> Any:
             f"unknown setting {_shown(name)}; valid settings: {', '.join(sorted(FIELDS))}"
         )
     field = FIELDS[name]
-    meta = _limits(field)
+    meta = field.metadata
     kind = _expected_type(field)
     if value is None:
         if meta["optional"]:
@@ -389,27 +390,27 @@ def check_value(name: str, value: Any) -> Any:
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         ):
             raise ConfigError(
-                f"{name} must be an integer {_range_text(meta)}, got {_shown(value)}".replace("  ", " ")
+                f"{name} must be an integer{_ranged(meta)}, got {_shown(value)}"
             )
         value = int(value)
     elif kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name} must be a number {_range_text(meta)}, got {_shown(value)}")
+            raise ConfigError(f"{name} must be a number{_ranged(meta)}, got {_shown(value)}")
         try:
             value = float(value)
         except OverflowError:  # An integer beyond float64.
-            value = math.copysign(math.inf, value)
+            value = math.inf if value > 0 else -math.inf
         if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number {_range_text(meta)}, got {_shown(value)}")
+            raise ConfigError(f"{name} must be a finite number{_ranged(meta)}, got {_shown(value)}")
         if abs(value) > FLOAT32_MAX:
             raise ConfigError(
-                f"{name} must be a number {_range_text(meta)} that float32 holds (magnitude <= "
-                f"{FLOAT32_MAX:.8g}), got {value!r}".replace("  ", " ")
+                f"{name} must be a number{_ranged(meta)} that float32 holds (magnitude <= "
+                f"{FLOAT32_MAX:.8g}), got {value!r}"
             )
         if value != 0 and abs(value) < FLOAT32_TINY:
             raise ConfigError(
-                f"{name} must be a number {_range_text(meta)}, got {value!r}, which float32 computes as 0 "
-                f"(nonzero magnitudes must be >= {FLOAT32_TINY:.8g})".replace("  ", " ")
+                f"{name} must be a number{_ranged(meta)}, got {value!r}, which float32 computes as 0 "
+                f"(nonzero magnitudes must be >= {FLOAT32_TINY:.8g})"
             )
     elif kind == "str" and not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {_shown(value)}")
@@ -419,19 +420,76 @@ def check_value(name: str, value: Any) -> Any:
         )
     low, high = meta["low"], meta["high"]
     if low is not None and (value < low or (meta["low_open"] and value == low)):
-        raise ConfigError(f"{name} must be {_range_text(meta)}, got {_shown(value)}")
+        raise ConfigError(f"{name} must be{_ranged(meta)}, got {_shown(value)}")
     if high is not None and (value > high or (meta["high_open"] and value == high)):
-        raise ConfigError(f"{name} must be {_range_text(meta)}, got {_shown(value)}")
+        raise ConfigError(f"{name} must be{_ranged(meta)}, got {_shown(value)}")
+    if name in ("dp_sigma", "dp_quantile_sigma") and value > MAX_DISCRETE_GAUSSIAN_SIGMA:
+        raise ConfigError(
+            f"{name} must be <= {MAX_DISCRETE_GAUSSIAN_SIGMA:g} (the largest sigma the discrete Gaussian "
+            f"sampler draws exactly), got {value!r}"
+        )
+    if kind == "int" and not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise ConfigError(
+            f"{name} must be an integer{_ranged(meta)} that int32 holds (magnitude <= "
+            f"{INT32_MAX}), got {_shown(value)}"
+        )
     if name == "dp_bins" and value & (value - 1):
         raise ConfigError(
-            f"dp_bins must be a power of two {_range_text(meta)}, got {value!r}"
+            f"dp_bins must be a power of two{_ranged(meta)}, got {value!r}"
         )
     return value
 
 
+# Warnings wait here while a run is still being checked (`held_warnings`): a
+# refused run prints its one error line and nothing else.
+_PENDING: list[str] = []
+_HOLDS = [0]
+
+
+def defer_warning(message: str) -> None:
+    """Keeps a warning for the end of the next checks (`held_warnings`); each message once."""
+    if message not in _PENDING:
+        _PENDING.append(message)
+
+
+def discard_warnings() -> None:
+    """Drops the warnings kept so far (a new command starts)."""
+    _PENDING.clear()
+
+
 def warn(message: str) -> None:
-    """Prints a one-line `jaxfl: warning:` for a setting that is accepted but changes nothing."""
-    print(f"jaxfl: warning: {message}", file=sys.stderr)
+    """A one-line `jaxfl: warning:` for a setting that is accepted but changes nothing.
+
+    Printed on stderr now, or, inside `held_warnings`, once every check passed.
+    """
+    defer_warning(message)
+    if not _HOLDS[0]:
+        _flush_warnings()
+
+
+def _flush_warnings() -> None:
+    for message in _PENDING:
+        print(f"jaxfl: warning: {message}", file=sys.stderr)
+    _PENDING.clear()
+
+
+@contextlib.contextmanager
+def held_warnings():
+    """Holds warnings until the outermost block ends, and drops them on an error.
+
+    So that a refused run prints exactly one line (its error). Usable as a
+    decorator.
+    """
+    _HOLDS[0] += 1
+    try:
+        yield
+    except BaseException:
+        _PENDING.clear()
+        raise
+    finally:
+        _HOLDS[0] -= 1
+    if not _HOLDS[0]:
+        _flush_warnings()
 
 
 def make_config(
@@ -536,6 +594,15 @@ def _full_batch_only(config: RunConfig) -> bool:
     )
 
 
+def _strategy_chunk(strategy: str) -> str | None:
+    """The K of 'chunked:K' or 'sharded:chunked:K' (as written), else None."""
+    parts = strategy.split(":")
+    chunked = parts[0] == "chunked" and len(parts) == 2
+    if chunked or (parts[:2] == ["sharded", "chunked"] and len(parts) == 3):
+        return parts[-1].strip()
+    return None
+
+
 def check_settings(config: RunConfig) -> None:
     """Refuses combinations of valid values that cannot run as asked.
 
@@ -553,6 +620,11 @@ def check_settings(config: RunConfig) -> None:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ConfigError(f"algorithm names {repeated[0]} twice in {_shown(config.algorithm)}")
+    chunk = _strategy_chunk(config.strategy)
+    if chunk is not None and not (chunk.isdigit() and 1 <= int(chunk) <= INT32_MAX):
+        raise ConfigError(
+            f"strategy {_shown(config.strategy)}: the chunk size K must be an integer in [1, {INT32_MAX}]"
+        )
     dp_algorithms = [name for name in names if name in ("dp-fedavg", "dp-deltafl")]
     if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
         raise ConfigError(
@@ -621,6 +693,12 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
                     f"{name} is not used by {', '.join(names)} (one full-batch gradient step per "
                     "client); ignored"
                 )
+    chunk = _strategy_chunk(config.strategy)
+    if config.strategy.startswith("chunked") and chunk is not None and int(chunk) >= config.clients_per_round:
+        messages.append(
+            f"strategy {config.strategy} trains all clients_per_round={config.clients_per_round} clients "
+            "at once, as vmap does"
+        )
     if "hidden_sizes" in changed and config.model != "mlp":
         messages.append(f"hidden_sizes is used by model mlp only, not {config.model}; ignored")
     if "embedding_dim" in changed and config.model != "embedding-bag":

@@ -28,7 +28,7 @@ from jaxfl.data.host import place_population
 from jaxfl.data.population import ClientPopulation, pack_arrays
 from jaxfl.evaluation.per_client import per_client_metrics
 from jaxfl.evaluation.summaries import summarize
-from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.experiment.config import ConfigError, RunConfig, defer_warning, implied_setting
 from jaxfl.experiment.outputs import write_json
 from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import setup
@@ -142,10 +142,14 @@ def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fracti
         raise ConfigError("family trains Δ-FL models: use --algorithm deltafl (the default here)")
     if not thetas:
         raise ConfigError("family needs --thetas THETA1,THETA2,...")
+    if config.theta != implied_setting(config, "theta"):
+        defer_warning(
+            f"theta={config.theta:g} is not used: the family trains one model per --thetas; ignored"
+        )
     run_setup = setup(config)
-    output = (
-        OutputDirectory(config.out, overwrite=config.overwrite, command="family") if config.out else None
-    )
+    output = None
+    if config.out is not None:
+        output = OutputDirectory(config.out, overwrite=config.overwrite, command="family")
     # Serving reads every test client on the device.
     test = place_population(run_setup.dataset.test, "device")
     selection, evaluation = split_clients(test, selection_fraction, config.seed)

@@ -141,9 +141,9 @@ def run_main(config: RunConfig, *, resume: bool = False) -> int:
     run, whose finished algorithms are read back and whose others continue
     from their latest checkpoints.
     """
-    output = (
-        OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume) if config.out else None
-    )
+    output = None
+    if config.out is not None:
+        output = OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume)
     run_setup = setup(config)
     names = config.algorithms
     if output is None:

@@ -133,10 +133,13 @@ def _now() -> str:
 
 
 def describe_leftover(staging: Path, marker: dict[str, Any]) -> str:
+    """E.g. 'run (killed; last checkpoint: round 40 of 100)'."""
+    status = marker.get("status", "unfinished")
+    if status == "running":  # Its lock is free: the process died without a word (kill -9, a crash).
+        status = "killed"
     reached = marker.get("round")
-    total = marker.get("rounds")
-    where = f"round {reached} of {total}" if reached is not None else "no checkpoint yet"
-    return f"{marker.get('status', 'unfinished')} {marker.get('command', 'run')} ({where})"
+    where = f"last checkpoint: round {reached} of {marker.get('rounds')}" if reached else "no checkpoint"
+    return f"{marker.get('command', 'run')} ({status}; {where})"
 
 
 class OutputDirectory:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,7 @@ from jaxfl.evaluation.per_client import host_population_metrics, per_client_metr
 from jaxfl.evaluation.summaries import summarize, within_range
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_round_fits, data_warnings
-from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.models.networks import count_parameters, make_model
@@ -243,8 +242,12 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
         )
 
 
+@held_warnings()
 def setup(config: RunConfig) -> Setup:
     """Builds everything a run needs, checking what depends on the data.
+
+    Warnings (settings accepted that change nothing) are printed once every
+    check passed; a refused run prints only its error.
 
     Raises:
       ConfigError: an invalid combination (unknown algorithm or dataset
@@ -297,7 +300,7 @@ def setup(config: RunConfig) -> Setup:
     # Before anything of the round is allocated (docs/reliability.md).
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
     for message in data_warnings(config, dataset, engine.local):
-        print(f"jaxfl: warning: {message}", file=sys.stderr)
+        warn(message)
     algorithms, hparams = {}, {}
     for name in config.algorithms:
         try:
@@ -324,11 +327,7 @@ def setup(config: RunConfig) -> Setup:
                 raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
-        print(
-            f"jaxfl: warning: {field} is not used by {', '.join(config.algorithms)}; "
-            "ignored",
-            file=sys.stderr,
-        )
+        warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
     return Setup(config, dataset, engine, algorithms, hparams, ignored, placement)
 
 
@@ -566,13 +565,15 @@ class RunDiverged(Exception):
       round: the first round whose outcome failed a check.
       quantity: what failed, in words.
       detected_at: the round at which the host saw it.
+      health: the run's health then (host arrays).
     """
 
-    def __init__(self, diverged: dict[str, Any], detected_at: int):
+    def __init__(self, diverged: dict[str, Any], detected_at: int, health: dict[str, np.ndarray]):
         super().__init__(f"diverged at round {diverged['round']}: {diverged['quantity']}")
         self.round = diverged["round"]
         self.quantity = diverged["quantity"]
         self.detected_at = detected_at
+        self.health = health
 
 
 @dataclasses.dataclass
@@ -661,9 +662,10 @@ def training_loop(
 def _check_health(carry: Any, round_index: int, stop_on_divergence: bool) -> None:
     if not stop_on_divergence:
         return
-    diverged = divergence(host_health(carry[1]))
+    health = host_health(carry[1])
+    diverged = divergence(health)
     if diverged is not None:
-        raise RunDiverged(diverged, round_index)
+        raise RunDiverged(diverged, round_index, health)
 
 
 def _training_loop(
@@ -832,13 +834,13 @@ def run_algorithm(
             round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, fused,
             start_round=start_round, checkpointing=checkpointing,
         )
+        state, health = carry[0], host_health(carry[1])
     except RunDiverged as error:
+        # The carry was donated to the rounds after the last good one: only the host copy is left.
+        state, health = None, error.health
         diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
-        last_saved = checkpoints.latest_round() if checkpoints is not None else None
-        diverged["last_checkpoint_round"] = last_saved
+        diverged["last_checkpoint_round"] = checkpoints.latest_round() if checkpoints is not None else None
         timing = LoopTiming(0.0, 0.0, 0.0, 0)
-    state, health = carry
-    health = host_health(health)
     summary = {
         **latest["summaries"],
         "algorithm": name,
@@ -852,8 +854,8 @@ def run_algorithm(
         summary["diverged"] = diverged
         summary["evaluated_round"] = history[-1]["round"] if history else None
     rounds_done = diverged["detected_at_round"] if diverged else config.rounds
-    hparams = {k: float(v) for k, v in jax.device_get(state.hparams).items()}
-    privacy = privacy_spent(run_setup, name, hparams, rounds_done)
+    hparams = run_setup.hparams[name] if state is None else jax.device_get(state.hparams)
+    privacy = privacy_spent(run_setup, name, {k: float(v) for k, v in hparams.items()}, rounds_done)
     if privacy is not None:
         summary["privacy"] = privacy
     timing_record = {
@@ -862,4 +864,4 @@ def run_algorithm(
         "backend": jax.default_backend(),
         "resumed_from_round": start_round or None,
     }
-    return RunResult(name, None if diverged else state, history, summary, latest["clients"], timing_record)
+    return RunResult(name, state, history, summary, latest["clients"], timing_record)

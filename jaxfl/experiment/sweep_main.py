@@ -35,10 +35,10 @@ from tqdm import tqdm
 
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_grid_points
-from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value
+from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value, held_warnings
 from jaxfl.experiment.health import EXIT_DIVERGED
 from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
-from jaxfl.experiment.main import CHECKPOINTS, read_result, truncate_metrics
+from jaxfl.experiment.main import CHECKPOINTS, read_result, truncate_metrics, warn_empty_rounds
 from jaxfl.experiment.outputs import (
     TABLE_COLUMNS,
     append_jsonl,
@@ -124,19 +124,21 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
         raise ConfigError("sweep needs at least one --grid NAME=V1,V2,...")
     output = (
         OutputDirectory(config.out, overwrite=config.overwrite, command="sweep", resuming=resume)
-        if config.out else None
+        if config.out is not None else None
     )
-    # Validate every outer combination (and the algorithm) before training.
-    base_setup = setup(config)
-    traced = set(base_setup.algorithms[name].hparam_defaults) | set(VMAPPED_EXTRA)
-    inner = {k: v for k, v in grid.items() if k in traced}
-    outer = {k: v for k, v in grid.items() if k not in traced}
-    outer_points = _points(outer)
-    setups = []
-    for static in outer_points:
-        static_config = dataclasses.replace(config, **static)
-        setups.append(base_setup if not static else setup(static_config))
-    check_grid_points(config, grid, base_setup, name)
+    # Validate every outer combination (and the algorithm) before training;
+    # warnings are printed once every point passed.
+    with held_warnings():
+        base_setup = setup(config)
+        traced = set(base_setup.algorithms[name].hparam_defaults) | set(VMAPPED_EXTRA)
+        inner = {k: v for k, v in grid.items() if k in traced}
+        outer = {k: v for k, v in grid.items() if k not in traced}
+        outer_points = _points(outer)
+        setups = []
+        for static in outer_points:
+            static_config = dataclasses.replace(config, **static)
+            setups.append(base_setup if not static else setup(static_config))
+        check_grid_points(config, grid, base_setup, name)
     if output is None:
         staging = None
     elif resume:
@@ -255,7 +257,8 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     finally:
         if checkpoints is not None:
             checkpoints.close()
-    for directory, result in zip(directories, results, strict=True):
+    for offset, (directory, result) in enumerate(zip(directories, results, strict=True)):
+        warn_empty_rounds(f"point {first + offset}", result.summary)
         if directory is not None:
             write_jsonl(directory / "metrics.jsonl", result.history)
             write_json(directory / "summary.json", result.summary)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxfl.primitives import _validation
@@ -19,6 +20,13 @@ from jaxfl.primitives import _validation
 # still undecided after this many rounds with probability below 0.7**1000,
 # about 1e-155: the cap only guarantees termination.
 _MAX_ROUNDS = 1000
+
+# The largest sigma sampled exactly. Proposals floor(t E) (t = floor(sigma) + 1,
+# E ~ Exp(1) from float32 uniforms, so E <= -log(2^-24) ~ 16.6) are float32
+# integers, exact only up to 2^24: t * 16.6 < 2^24 holds for sigma < 1.0e6.
+# Larger sigmas are refused by the run settings (`dp_sigma`,
+# `dp_quantile_sigma`) and by this function for Python values.
+MAX_SIGMA = 1e6
 
 
 def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
@@ -45,7 +53,7 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
     Args:
       key: a JAX PRNG key.
       sigma: scalar sigma >= 0 (may be traced; batch with vmap). sigma = 0
-        gives zeros. Supported up to about 1e6 (float32 proposals).
+        gives zeros. At most `MAX_SIGMA` = 1e6 (float32 proposals).
       shape: static output shape.
       dtype: integer output dtype (int32 by default).
 
@@ -53,14 +61,18 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
       Integer array of `shape`.
 
     Raises:
-      ValueError: a Python/NumPy sigma that is negative or not finite, or a
-        non-integer `dtype`.
+      ValueError: a Python/NumPy sigma that is negative, not finite or above
+        `MAX_SIGMA`, or a non-integer `dtype`.
 
     Edge cases: a traced sigma <= 0 or NaN gives zeros (the point mass at 0,
     the limit sigma -> 0). With probability below 1e-150 per element an
     element is still unaccepted after 1000 rounds and is returned as 0.
     """
     _validation.check_nonnegative(sigma, "sigma")
+    if _validation.is_static_number(sigma) and np.any(np.asarray(sigma, np.float64) > MAX_SIGMA):
+        raise ValueError(
+            f"sigma must be <= {MAX_SIGMA:g} (float32 proposals are exact up to it), got {sigma!r}"
+        )
     if not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(f"dtype must be an integer dtype, got {dtype}")
     shape = tuple(int(size) for size in shape)

@@ -86,6 +86,7 @@ import math
 from typing import NamedTuple
 
 import dp_accounting
+from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 from dp_accounting.rdp import rdp_privacy_accountant
 
 ADJACENCY = dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -347,15 +348,65 @@ def noise_multiplier_for(
                 f"the quantile alone spends epsilon={floor:.4g} >= the target "
                 f"{target_epsilon:g}: raise its noise or the target"
             )
-    return float(
-        dp_accounting.calibrate_dp_mechanism(
-            make_accountant,
-            event,
-            target_epsilon,
-            delta,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(
-                _SMALLEST_NOISE_MULTIPLIER, 1.0
-            ),
-            tol=tolerance,
+    # Budgets outside what any noise multiplier in the calibrated range meets
+    # are refused up front when they are far out (the calibration would take
+    # seconds to fail), and by the calibration's failure otherwise.
+    if target_epsilon > _FAR_EPSILON:
+        _check_reachable(target_epsilon, delta, rounds, event, _SMALLEST_NOISE_MULTIPLIER)
+    if quantile_ratio is not None and quantile_ratio > _FAR_QUANTILE_RATIO:
+        _check_reachable(target_epsilon, delta, rounds, event, _LARGEST_NOISE_MULTIPLIER, quantile_ratio)
+    try:
+        return float(
+            dp_accounting.calibrate_dp_mechanism(
+                make_accountant,
+                event,
+                target_epsilon,
+                delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(
+                    _SMALLEST_NOISE_MULTIPLIER, 1.0
+                ),
+                tol=tolerance,
+            )
         )
-    )
+    except (ArithmeticError, ValueError, NoBracketIntervalFoundError):
+        # Outside what the accountant can calibrate: say which end.
+        _check_reachable(target_epsilon, delta, rounds, event, _SMALLEST_NOISE_MULTIPLIER)
+        _check_reachable(target_epsilon, delta, rounds, event, math.inf, quantile_ratio)
+        raise AssertionError("unreachable: one end refuses") from None
+
+
+# Above these, `noise_multiplier_for` checks the ends of the calibrated range
+# first (each check is one accountant evaluation).
+_FAR_EPSILON = 50.0
+_FAR_QUANTILE_RATIO = 1e6
+# The largest noise multiplier the calibration's bracket search reaches.
+_LARGEST_NOISE_MULTIPLIER = 2.0**30
+
+
+def _check_reachable(target_epsilon, delta, rounds, event, noise_multiplier, quantile_ratio=None) -> None:
+    """Raises the one-line ValueError of a target beyond an end of the calibrated range.
+
+    At the smallest noise multiplier, a target epsilon at least what it
+    spends protects nothing; at the largest (or math.inf: the failure path),
+    a target below what it spends (the quantile's share alone exceeds it)
+    is out of reach.
+    """
+    smallest = noise_multiplier == _SMALLEST_NOISE_MULTIPLIER
+    try:
+        at = min(noise_multiplier, _LARGEST_NOISE_MULTIPLIER)
+        spent = make_accountant().compose(event(at)).get_epsilon(delta)
+    except (ArithmeticError, ValueError):
+        spent = math.inf
+    if smallest and (target_epsilon >= spent or not math.isfinite(spent)):
+        raise ValueError(
+            f"epsilon={target_epsilon:g} is at least what the smallest noise multiplier calibrated "
+            f"({_SMALLEST_NOISE_MULTIPLIER:g}) spends over {rounds} rounds at delta={delta:.3g}"
+            + (f" ({spent:.4g})" if math.isfinite(spent) else "")
+            + ": such a budget protects nothing; lower epsilon, or set the noise multiplier"
+        )
+    if not smallest and (target_epsilon < spent or noise_multiplier == math.inf):
+        ratio_text = f" with quantile ratio {quantile_ratio:g}" if quantile_ratio is not None else ""
+        raise ValueError(
+            f"no noise multiplier up to 2^30 spends epsilon={target_epsilon:g} over {rounds} rounds at "
+            f"delta={delta:.3g}{ratio_text}: raise epsilon or lower the quantile ratio"
+        )

@@ -35,7 +35,8 @@ Refused settings (each a one-line `ValueError`):
   the replace-one sensitivity c sqrt(2 log2 b) only for b >= 4);
 * a ring 2^bits smaller than the modulus Theorem 6 requires at this delta
   (`dp_quantile_modulus(b, m, sigma_q, c, delta)`);
-* a quantile budget that needs sigma_q < 1/2 at the scale c (raise c);
+* a quantile budget that needs sigma_q < 1/2 at the scale c (raise c), or
+  sigma_q above the 1e6 the discrete Gaussian sampler draws exactly;
 * absurd noise: z > m / 2 (`max_noise_multiplier`). Then the noise std on
   each coordinate of the sum, z 2C, exceeds m C, the largest norm the whole
   cohort's clipped sum can have: every coordinate of every round is
@@ -51,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxfl.primitives.discrete_gaussian import MAX_SIGMA
 from jaxfl.primitives.dp_quantile import (
     MAX_MODULUS,
     dp_quantile_epsilon,
@@ -230,6 +232,11 @@ class DpBudget:
                         f"sigma >= 1/2, where eps_q={at_half:.4g}): raise dp_scale"
                     ) from None
             sigma = _float32_at_least(sigma)
+            if sigma > MAX_SIGMA:
+                raise ValueError(
+                    f"the quantile needs discrete Gaussian sigma={sigma:.4g}, above the {MAX_SIGMA:g} "
+                    "the sampler draws exactly: raise dp_quantile_ratio or epsilon, or lower dp_scale"
+                )
             needed = dp_quantile_modulus(bins, m, sigma, scale, delta)
             if needed > min(2**bits, MAX_MODULUS):
                 raise ValueError(

@@ -45,6 +45,32 @@ def partition_options(values: Mapping[str, Any]) -> dict[str, Any]:
     return {name: values[name] for name in PARTITION_DEFAULTS}
 
 
+def unused_partition_options(given: Mapping[str, Any]) -> list[str]:
+    """The options in `given` (those a caller set) that its partition or test split does not read.
+
+    E.g. shards_per_client with the default Dirichlet partition, or
+    test_fraction with the 'unseen' test split: accepted, and changing
+    nothing (the CLI warns).
+    """
+    partition = given.get("partition", PARTITION_DEFAULTS["partition"])
+    test = given.get("test", PARTITION_DEFAULTS["test"])
+    readers = {
+        "alpha": ("partition", ("dirichlet", "dirichlet-mixture")),
+        "min_size": ("partition", ("dirichlet",)),
+        "shards_per_client": ("partition", ("shards",)),
+        "sigma": ("partition", ("lognormal",)),
+        "num_test_clients": ("test", ("unseen",)),
+        "test_fraction": ("test", ("held-out",)),
+    }
+    chosen = {"partition": partition, "test": test}
+    return [
+        f"dataset option {name} is used only with {key}={' or '.join(values)} (here {key}={chosen[key]}); "
+        "ignored"
+        for name, (key, values) in readers.items()
+        if name in given and chosen[key] not in values
+    ]
+
+
 def partitioner_options(options: Mapping[str, Any], num_examples: int, num_clients: int) -> dict[str, Any]:
     """The keyword arguments of the chosen partitioner, from the dataset's options."""
     name = options["partition"]

@@ -138,6 +138,65 @@ def _snippet_sources(
     return None
 
 
+def examples_nbytes(
+    parts: dict[str, list[tuple[str, list[str]]]], layout: str, sequence_length: int, stride: int,
+    joined: bool,
+) -> tuple[int, int]:
+    """(all examples' bytes in the cache, the largest client's bytes while built).
+
+    From the clients' text lengths, before any window is cut: 'next-char'
+    gives ceil((n - L) / stride) windows of L uint8 ids and an int32 label
+    per client of n characters; 'sequence' gives ceil((n + 2 s - 1) / L)
+    rows (s snippets, each with bos and eos; `joined`: FedJAX's vocabulary
+    joins a client's snippets, the others cut each snippet apart) of L uint8
+    inputs and L int32 targets, built as int32 first.
+    """
+    total = largest = 0
+    for members in parts.values():
+        for _, snippets in members:
+            if layout == "sequence":
+                if joined:
+                    ids = sum(len(t) for t in snippets) + 2 * len(snippets)
+                    rows = -(-max(ids - 1, 0) // sequence_length)
+                else:
+                    rows = sum(-(-(len(t) + 1) // sequence_length) for t in snippets)
+                stored, building = rows * sequence_length * 5, rows * sequence_length * 9
+            else:
+                chars = sum(len(t) for t in snippets) + max(len(snippets) - 1, 0)
+                rows = max(0, -(-(chars - sequence_length) // stride))
+                stored, building = rows * (sequence_length + 4), rows * (sequence_length + 4) + chars * 4
+            total += stored
+            largest = max(largest, building)
+    return total, largest
+
+
+def check_examples_fit(parts, layout, sequence_length, stride, joined) -> None:
+    """Refuses a sequence length whose examples would not fit in memory or in the cache."""
+    from jaxfl.data.cache import cache_root
+    from jaxfl.data.memory import available_disk, check_memory
+
+    if layout == "sequence":
+        longest = max(
+            (sum(len(t) for t in snippets) + 2 * len(snippets) for members in parts.values()
+             for _, snippets in members),
+            default=0,
+        )
+        if sequence_length > longest:
+            raise ValueError(
+                f"sequence_length={sequence_length} is longer than every client's text (the longest has "
+                f"{longest} ids with bos and eos): every example would be mostly padding; use at most "
+                f"{longest}"
+            )
+    total, largest = examples_nbytes(parts, layout, sequence_length, stride, joined)
+    what = f"sequence_length={sequence_length} (layout={layout}, stride={stride})"
+    check_memory(largest, what, hint="lower sequence_length")
+    root = cache_root()
+    check_memory(
+        total, what, available=available_disk(root), resource=f"disk space in {root}",
+        hint="lower sequence_length",
+    )
+
+
 def _split_snippets(snippets: list[str], test_fraction: float) -> tuple[list[str], list[str]]:
     """The role's first speeches for training, its last `test_fraction` (at least one) for testing."""
     n = len(snippets)
@@ -268,6 +327,7 @@ def shakespeare(
                 train, test = published[client]
                 parts["train"].append((client, train))
                 parts["test"].append((client, test))
+        check_examples_fit(parts, layout, sequence_length, stride, vocab is FEDJAX_SHAKESPEARE_VOCAB)
         statistics = {}
         for population, members in parts.items():
             writer = builder.population(population)

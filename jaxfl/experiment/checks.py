@@ -1,0 +1,234 @@
+"""Checks of a run that depend on its data: memory of a round, settings the data makes moot.
+
+`jaxfl.experiment.runner.setup` calls these once the dataset is loaded and
+the model and the client layout are known, before any parameter, optimizer
+state or round is allocated:
+
+* `check_round_fits` refuses (one-line ConfigError) settings whose round
+  cannot fit in memory: a batch size, a cohort trained at once, a number of
+  local epochs of the largest client, or model widths. The estimate
+  (`round_nbytes`) is a lower bound: what the clients trained at once hold
+  (their gathered batches, the activations of one forward pass saved for the
+  backward one, their epoch orders, their parameters, gradients and anchors),
+  plus the cohort's stacked updates;
+* `data_warnings` returns one line per setting the data makes ineffective
+  (a step cap no client reaches, a batch larger than every client, a
+  partition option the chosen partition does not read).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, unused_partition_options
+from jaxfl.data.memory import available_memory, check_memory
+from jaxfl.data.population import FederatedDataset
+from jaxfl.data.registry import dataset_options as _dataset_options
+from jaxfl.experiment.config import ConfigError, RunConfig, check_settings, implied_setting, warn
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+
+
+def _nbytes(tree) -> int:
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree))
+
+
+def example_activation_nbytes(task: Task, params, dataset: FederatedDataset) -> int:
+    """Bytes of the values one example's forward pass creates (loss included).
+
+    The sum of the outputs of the traced forward pass's top-level operations
+    (a recurrence's stacked states count in full): a lower bound of what
+    training keeps per example for the backward pass. Traced on shapes only.
+    """
+    features = dataset.train.features
+    batch = {name: jax.ShapeDtypeStruct((1, *f.shape[1:]), f.dtype) for name, f in features.items()}
+    key = jax.random.key(0) if task.model.stochastic else None
+    jaxpr = jax.make_jaxpr(lambda p, b: task.example_stats(p, b, key))(params, batch)
+    total = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            shape = getattr(var.aval, "shape", None)
+            if shape is None:
+                continue
+            try:
+                itemsize = np.dtype(var.aval.dtype).itemsize
+            except TypeError:  # PRNG keys and other extended dtypes.
+                itemsize = 8
+            total += math.prod(shape) * itemsize
+    return total
+
+
+def clients_at_once(strategy: ClientStrategy, clients_per_round: int) -> int:
+    """How many clients a layout trains at the same time (on all devices together)."""
+    if strategy.kind == "vmap":
+        return clients_per_round
+    if strategy.kind == "sequential":
+        return 1
+    if strategy.kind == "chunked":
+        return min(strategy.chunk_size, clients_per_round)
+    devices = strategy.mesh.size
+    per_device = -(-clients_per_round // devices)
+    inner = {"vmap": per_device, "sequential": 1}.get(strategy.inner)
+    if inner is None:
+        inner = min(strategy.chunk_size, per_device)
+    return min(devices * inner, devices * per_device)
+
+
+def round_nbytes(
+    task: Task,
+    dataset: FederatedDataset,
+    local: LocalTraining,
+    clients_per_round: int,
+    strategy: ClientStrategy,
+) -> int:
+    """A lower bound of the memory one round takes beyond the dataset (module docstring)."""
+    params = jax.eval_shape(task.model.init, jax.random.key(0))
+    param_bytes = _nbytes(params)
+    train = dataset.train
+    example_bytes = sum(
+        math.prod(f.shape[1:]) * np.dtype(f.dtype).itemsize for f in train.features.values()
+    )
+    activation_bytes = example_activation_nbytes(task, params, dataset)
+    max_count = int(train.max_count)
+    per_client = (
+        local.batch_size * (example_bytes + 2 * activation_bytes)  # Batch, activations and their gradients.
+        + local.num_epochs * max_count * 4 * 2  # Epoch orders and their sort.
+        + 3 * param_bytes  # Parameters, gradients, the anchor.
+    )
+    at_once = clients_at_once(strategy, clients_per_round)
+    return at_once * per_client + clients_per_round * param_bytes + 2 * param_bytes
+
+
+def round_memory_available() -> tuple[int, str]:
+    """(bytes, what) the round may take: host memory on CPU, the device's free memory elsewhere."""
+    host = available_memory()
+    if jax.default_backend() == "cpu":
+        return host, "memory"
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        if limit:
+            return int(limit) - int(stats.get("bytes_in_use", 0)), "device memory"
+    except Exception:  # noqa: BLE001 - a backend without memory statistics.
+        pass
+    return host, "memory"
+
+
+def check_round_fits(
+    config: RunConfig,
+    task: Task,
+    dataset: FederatedDataset,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    *,
+    available: int | None = None,
+) -> None:
+    """A one-line ConfigError when one round cannot fit in the memory available.
+
+    Args:
+      config: the run's settings (named in the message).
+      task: the model and loss.
+      dataset: the loaded dataset (its training clients' shapes).
+      local: the local training's shape.
+      strategy: how clients are laid out (how many train at once).
+      available: bytes available (default: `round_memory_available()`).
+    """
+    needed = round_nbytes(task, dataset, local, config.clients_per_round, strategy)
+    resource = "memory"
+    if available is None:
+        available, resource = round_memory_available()
+    at_once = clients_at_once(strategy, config.clients_per_round)
+    num_parameters = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(
+        jax.eval_shape(task.model.init, jax.random.key(0))
+    ))
+    what = (
+        f"one round of batch_size={local.batch_size}, local_epochs={local.num_epochs} and model "
+        f"{config.model} ({num_parameters:,} parameters) for {at_once} clients at once "
+        f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
+    )
+    try:
+        check_memory(
+            needed, what, available=available, resource=resource,
+            hint="lower batch_size, clients_per_round or the model's size, or use --strategy sequential",
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def data_warnings(config: RunConfig, dataset: FederatedDataset, local: LocalTraining) -> list[str]:
+    """One line per setting that the data makes ineffective (module docstring)."""
+    messages = []
+    if set(PARTITION_DEFAULTS) <= set(_dataset_options(config.dataset)):
+        messages.extend(unused_partition_options(config.dataset_options))
+    max_count = int(dataset.train.max_count)
+    full_batch = all(
+        name == "fedsgd" or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
+        for name in config.algorithms
+    )
+    if full_batch:
+        return messages  # Batch size, epochs and the cap are not used (see config.setting_warnings).
+    uncapped = -(-max_count // local.batch_size) * local.num_epochs
+    cap = config.max_local_steps
+    if cap is not None and cap >= uncapped and cap != implied_setting(config, "max_local_steps"):
+        messages.append(
+            f"max_local_steps={cap} is not less than any client's local steps (at most {uncapped}: "
+            f"local_epochs={local.num_epochs} x ceil({max_count} examples of the largest training "
+            f"client / batch_size={local.batch_size})); ignored"
+        )
+    if local.batch_size > max_count and local.batch_size != implied_setting(config, "batch_size"):
+        messages.append(
+            f"batch_size={local.batch_size} is more than the {max_count} examples of the largest training "
+            f"client: every step takes a client's whole data, as batch_size={max_count} would, on "
+            f"{local.batch_size} rows"
+        )
+    return messages
+
+
+
+def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warning=warn) -> None:
+    """Checks every point of a sweep's grid as a run of its own would be checked.
+
+    A point's values are valid one by one (`parse_grid`); here each point's
+    whole configuration goes through `check_settings`, and for a DP algorithm
+    through its privacy calibration (a vmapped noise multiplier, for
+    instance, must still stay below its bound). A grid setting also given as
+    a flag or in the config file is reported: the grid replaces it.
+
+    Raises:
+      ConfigError: the first refused point, named by its values.
+    """
+    import dataclasses
+    import itertools
+
+    from jaxfl.algorithms.registry import algorithm_spec
+    from jaxfl.experiment.runner import algorithm_hparams
+
+    for setting in grid:
+        value = getattr(config, setting)
+        if value != implied_setting(config, setting):
+            on_warning(f"--grid {setting} replaces {setting}={value!r} given as a flag or in the config file")
+    names = list(grid)
+    privacy = algorithm_spec(name).privacy
+    num_clients = base_setup.dataset.train.num_clients
+    for values in itertools.product(*grid.values()):
+        point = dict(zip(names, values, strict=True))
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        point_config = dataclasses.replace(config, **point)
+        try:
+            check_settings(point_config)
+        except ConfigError as error:
+            raise ConfigError(f"--grid point {label}: {error}") from None
+        if privacy is not None:
+            hparams = algorithm_hparams(point_config, name, base_setup.algorithms[name])
+            try:
+                privacy.calibrate(
+                    point_config,
+                    num_clients=num_clients,
+                    clients_per_round=point_config.clients_per_round,
+                    hparams=hparams,
+                )
+            except ValueError as error:
+                raise ConfigError(f"{name} at --grid point {label}: {str(error).splitlines()[0]}") from None
