@@ -146,13 +146,9 @@ def run_main(config: RunConfig, *, resume: bool = False) -> int:
         output = OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume)
     run_setup = setup(config)
     names = config.algorithms
-    if output is None:
-        staging = None
-    elif resume:
-        staging = output.resume()
-    else:
-        staging = output.open(rounds=config.rounds)
-        write_json(staging / "config.json", config.to_dict())
+    staging = None
+    if output is not None:
+        staging = output.start(resume=resume, rounds=config.rounds, config=config.to_dict())
     results: dict[str, RunResult] = {}
     current = None
     try:

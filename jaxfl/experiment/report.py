@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from jaxfl.experiment.config import ConfigError
+from jaxfl.experiment.outputs import TABLE_COLUMNS
 
 # The files of one run; `config.json` alone also tops multi-algorithm and sweep folders.
 RUN_FILES = ("metrics.jsonl", "summary.json", "clients.csv")
@@ -68,16 +69,8 @@ PAGE = "index.html"
 MARKER = "jaxfl-run.json"  # A run's status file (`jaxfl.experiment.run_directory`).
 # Marks a folder as written by `jaxfl report`, so that it may be rewritten.
 GENERATOR = '<meta name="generator" content="jaxfl report">'
-# Columns of the final test-error table: summary key, header.
-TABLE = (
-    ("mean", "mean"),
-    ("std", "std"),
-    ("p10", "p10"),
-    ("p50", "p50"),
-    ("p90", "p90"),
-    ("superquantile_90", "sq90"),
-    ("best_10", "best10"),
-)
+# Columns of the final test-error table: summary key, header (the CLI's table's).
+TABLE = TABLE_COLUMNS
 HISTOGRAM_BINS = np.linspace(0.0, 100.0, 21)  # 5-point bins of the error in %.
 PLOTS_HINT = "pip install 'jaxfl[plots]'"
 

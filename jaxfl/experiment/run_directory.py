@@ -267,6 +267,14 @@ class OutputDirectory:
         self._created = True
         return self.staging
 
+    def start(self, *, resume: bool, rounds: int, config: dict[str, Any]) -> Path:
+        """`resume()`, or `open()` and write the run's `config.json` (what `--resume` reads)."""
+        if resume:
+            return self.resume()
+        staging = self.open(rounds=rounds)
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return staging
+
     def resume(self) -> Path:
         """Locks the staging folder of an unfinished run and marks it running again."""
         self._take_lock(self.staging)

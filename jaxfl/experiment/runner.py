@@ -741,6 +741,17 @@ def initial_carry(run_setup: Setup, name: str) -> tuple[Any, Any]:
     return place_carry(run_setup, (state, initial_health())), run_key
 
 
+def restore_carry(
+    run_setup: Setup, carry: Any, checkpoints: RunCheckpoints | None
+) -> tuple[int, Any, dict[str, Any] | None]:
+    """(round, carry, meta) of the latest checkpoint, placed; (0, carry, None) if there is none."""
+    restored = checkpoints.restore(jax.device_get(carry)) if checkpoints is not None else None
+    if restored is None:
+        return 0, carry, None
+    start_round, saved_carry, meta = restored
+    return start_round, place_carry(run_setup, saved_carry), meta
+
+
 def place_carry(run_setup: Setup, carry: Any) -> Any:
     """Puts a carry (fresh or restored from host arrays) where the round expects it."""
     return run_setup.engine.strategy.replicate(jax.device_put(carry))
@@ -782,14 +793,8 @@ def run_algorithm(
     algorithm = run_setup.algorithms[name]
     strategy = engine.strategy
     carry, run_key = initial_carry(run_setup, name)
-    history: list[dict[str, Any]] = []
-    start_round = 0
-    if resume and checkpoints is not None:
-        restored = checkpoints.restore(jax.device_get(carry))
-        if restored is not None:
-            start_round, saved_carry, meta = restored
-            carry = place_carry(run_setup, saved_carry)
-            history = list(meta["history"])
+    start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
+    history: list[dict[str, Any]] = list(meta["history"]) if meta else []
     fused = rounds_per_call(strategy, config.rounds, config.eval_every)
     train = training_input(run_setup, run_key, fused, first_round=start_round)
     round_fn = compile_rounds(

@@ -42,6 +42,7 @@ from jaxfl.experiment.runner import (
     make_evaluator,
     place_carry,
     privacy_spent,
+    restore_carry,
     rounds_per_call,
     training_input,
     training_loop,
@@ -191,14 +192,10 @@ def run_sweep(
         run_setup, stack([(state, initial_health()) for state, _ in starts])
     )
     keys = jnp.stack([key for _, key in starts])
-    histories: list[list[dict[str, Any]]] = [[] for _ in points]
-    start_round = 0
-    if resume and checkpoints is not None:
-        restored = checkpoints.restore(jax.device_get(carry))
-        if restored is not None:
-            start_round, saved_carry, meta = restored
-            carry = place_carry(run_setup, saved_carry)
-            histories = [list(h) for h in meta["histories"]]
+    start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
+    histories: list[list[dict[str, Any]]] = (
+        [list(h) for h in meta["histories"]] if meta else [[] for _ in points]
+    )
     fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
     train = training_input(run_setup, keys, fused, first_round=start_round)
     round_fn = batched_round(algorithm.round, fused, isinstance(train, CohortStream))

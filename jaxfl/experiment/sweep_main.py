@@ -139,13 +139,10 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
             static_config = dataclasses.replace(config, **static)
             setups.append(base_setup if not static else setup(static_config))
         check_grid_points(config, grid, base_setup, name)
-    if output is None:
-        staging = None
-    elif resume:
-        staging = output.resume()
-    else:
-        staging = output.open(rounds=config.rounds)
-        write_json(staging / "config.json", {**config.to_dict(), "grid": dict(grid)})
+    staging = None
+    if output is not None:
+        record = {**config.to_dict(), "grid": dict(grid)}
+        staging = output.start(resume=resume, rounds=config.rounds, config=record)
 
     rows = []
     diverged = []

@@ -66,9 +66,8 @@ def test_continue_training_from_a_saved_model(finished):
 
 def test_jaxfl_evaluate_on_another_population(finished, tmp_path, capsys):
     out = tmp_path / "evaluated"
-    status = main([
-        "evaluate", str(finished), "--algorithm", "fedavg", "--dataset-option", "partition_seed=5", "--out", str(out),
-    ])
+    argv = ["--algorithm", "fedavg", "--dataset-option", "partition_seed=5", "--out", str(out)]
+    status = main(["evaluate", str(finished), *argv])
     captured = capsys.readouterr()
     assert status == 0, captured.err
     assert "fedavg" in captured.out and "test misclassification error" in captured.out
