@@ -348,7 +348,8 @@ def _check_option_number(name: str, option: str, value: Any) -> None:
             f"dataset {name!r}: option {option} must be an integer that int32 holds "
             f"(magnitude <= {_INT32_MAX}), got {shown}"
         )
-    if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+    # NaN and infinities are left to the loader's own check, which names the option's range.
+    if isinstance(value, float) and math.isfinite(value) and abs(value) > _FLOAT32_MAX:
         raise ValueError(
             f"dataset {name!r}: option {option} must be a finite number that float32 holds "
             f"(magnitude <= {_FLOAT32_MAX:.8g}), got {value!r}"

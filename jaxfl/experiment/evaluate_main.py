@@ -41,7 +41,7 @@ def evaluation_config(saved: SavedModel, dataset: str | None, data_dir: str | No
     if data_dir is not None:
         values["data_dir"] = data_dir
     values.update(out=None, overwrite=False, task=None)
-    return make_config(values)
+    return make_config(values, on_warning=None)  # Training settings change nothing here.
 
 
 def evaluate_model(saved: SavedModel, config: RunConfig) -> tuple[dict, dict]:

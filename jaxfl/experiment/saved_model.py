@@ -116,7 +116,7 @@ def load_model(path: str | os.PathLike, algorithm: str | None = None) -> SavedMo
             f"{str(folder)!r} was saved in format {description.get('format')}; this jaxfl reads "
             f"{FORMAT_VERSION}"
         )
-    config = make_config(description["config"])
+    config = make_config(description["config"], on_warning=None)  # The run warned already.
     model = build_saved_network(config, description["build"])
     template = jax.tree.map(
         lambda x: np.zeros(x.shape, x.dtype), jax.eval_shape(model.init, jax.random.key(0))

@@ -276,7 +276,7 @@ def test_defaults_and_a_written_config_do_not_warn():
     [
         (["--dataset-option", "pool_size=2000000000"], ["pool_size=2000000000", "memory", "lower pool_size"]),
         (["--dataset-option", "train_concentration=1e39"], ["train_concentration", "float32"]),
-        (["--dataset-option", "train_concentration=NaN"], ["train_concentration", "finite"]),
+        (["--dataset-option", "train_concentration=NaN"], ["train_concentration", "> 0"]),
         (["--dataset-option", "partition_seed=99999999999999999999"], ["partition_seed", "int32"]),
         (["--dataset-option", "num_train_clients=1e12"], ["num_train_clients", "integer"]),
     ],
