@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -48,7 +49,15 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (status 2) instead of usage dumps."""
+    """argparse with one-line errors (status 2) instead of usage dumps.
+
+    Negative numbers in exponent notation (`--server-lr -1e39`) are values,
+    not flags, so that their range check names them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message: str):  # noqa: D102
         raise ConfigError(message)

@@ -71,6 +71,8 @@ def _refuses(argv, words, tmp_path, capsys):
         (["--lr", "1e39"], ["lr", "float32", "1e+39"]),
         (["--lr", "3.5e38"], ["lr", "float32"]),
         (["--server-lr=-1e39"], ["server_lr", "float32"]),
+        (["--server-lr", "-1e39"], ["server_lr", "float32"]),  # A value, not a flag.
+        (["--lr", "-2.5e-3"], ["lr", "> 0"]),
         (["--l2", "1e39"], ["l2", "float32"]),
         (["--lr", "1e-46"], ["lr", "computes as 0"]),
         (["--l2", "1e-40"], ["l2", "computes as 0"]),  # A float32 subnormal: flushed to 0.
