@@ -56,6 +56,7 @@ import numpy as np
 
 from jaxfl.experiment.config import ConfigError
 from jaxfl.experiment.outputs import TABLE_COLUMNS
+from jaxfl.experiment.run_directory import MARKER  # A run's status file.
 
 # The files of one run; `config.json` alone also tops multi-algorithm and sweep folders.
 RUN_FILES = ("metrics.jsonl", "summary.json", "clients.csv")
@@ -66,7 +67,6 @@ FIGURES = (
     "error_vs_client_size.png",
 )
 PAGE = "index.html"
-MARKER = "jaxfl-run.json"  # A run's status file (`jaxfl.experiment.run_directory`).
 # Marks a folder as written by `jaxfl report`, so that it may be rewritten.
 GENERATOR = '<meta name="generator" content="jaxfl report">'
 # Columns of the final test-error table: summary key, header (the CLI's table's).
