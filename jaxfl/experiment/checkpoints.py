@@ -111,19 +111,29 @@ class RunCheckpoints:
         return self._manager.latest_step()
 
     def restore(self, template: Any) -> tuple[int, Any, dict[str, Any]] | None:
-        """(round, tree shaped as `template`, meta) of the latest checkpoint, or None."""
-        step = self._manager.latest_step()
-        if step is None:
-            return None
+        """(round, tree shaped as `template`, meta) of the latest readable checkpoint, or None.
+
+        A checkpoint that cannot be read (damaged on disk) is skipped for the
+        one before it; orbax's unfinished temporary folders are never seen.
+        """
         like = _template_leaves(template)
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()
-            ),
-        )
-        leaves = {name: np.asarray(value) for name, value in restored["state"].items()}
-        return step, unflatten_leaves(template, leaves), dict(restored["meta"])
+        damaged = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                restored = self._manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()
+                    ),
+                )
+            except (KeyError, ValueError, OSError) as error:
+                damaged.append(f"{step} ({type(error).__name__})")
+                continue
+            leaves = {name: np.asarray(value) for name, value in restored["state"].items()}
+            return step, unflatten_leaves(template, leaves), dict(restored["meta"])
+        if damaged:
+            raise ConfigError(f"no checkpoint in {self.directory} can be read: {', '.join(damaged)}")
+        return None
 
     def wait(self) -> None:
         """Blocks until every checkpoint saved so far is on disk."""
