@@ -160,6 +160,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                     for key, column in TABLE_COLUMNS:
                         row[f"test_error_{column}"] = result.summary.get("test_error", {}).get(key)
                     row["train_loss_mean"] = result.summary.get("train_loss", {}).get("mean")
+                    row.update(privacy_columns(result.summary.get("privacy")))
                     rows.append(row)
                     if result.diverged:
                         diverged.append((index + offset, result.diverged))
@@ -196,6 +197,16 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     if output is not None:
         print(f"results in {output.path}")
     return EXIT_DIVERGED if diverged else 0
+
+
+PRIVACY_COLUMNS = ("epsilon", "epsilon_without_amplification", "delta", "noise_multiplier", "sampling_rate")
+
+
+def privacy_columns(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a DP point spent, as results.csv columns (none for other algorithms)."""
+    if privacy is None:
+        return {}
+    return {f"privacy_{key}": privacy[key] for key in PRIVACY_COLUMNS if key in privacy}
 
 
 def point_config(config: RunConfig, name: str, point: Mapping[str, Any]) -> RunConfig:

@@ -3,6 +3,7 @@ the accountant, delta = 1/n by default), the printed epsilon, a given noise
 multiplier, and every refused privacy setting (exit 2, one line, nothing
 written)."""
 
+import csv
 import json
 
 import dp_accounting
@@ -164,3 +165,23 @@ def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, cap
 def test_refused_privacy_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
     out = tmp_path / "out"
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
+
+
+def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
+    # A grid over epsilon (an outer setting: one calibration per point) and the
+    # clip norm (vmapped): every point's summary and row carry what it spent.
+    out = tmp_path / "sweep"
+    grid = ["--grid", "epsilon=4,8", "--grid", "clip_norm=0.5,1"]
+    assert main(["sweep", *TINY, "--algorithm", "dp-fedavg", *grid, "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "results.csv").read_text().splitlines()))
+    assert len(rows) == 4
+    for row in rows:
+        summary = json.loads((out / "points" / f"{int(row['point']):03d}" / "summary.json").read_text())
+        privacy = summary["privacy"]
+        assert PRIVACY_KEYS <= set(privacy)
+        assert privacy["clip_norm"] == float(row["clip_norm"])
+        assert float(row["privacy_epsilon"]) == privacy["epsilon"]
+        # Calibrated to the point's own target, never above it.
+        assert privacy["epsilon"] <= float(row["epsilon"]) * (1 + 1e-6)
+        assert privacy["epsilon"] == pytest.approx(float(row["epsilon"]), rel=0.05)
+        assert float(row["privacy_noise_multiplier"]) == privacy["noise_multiplier"]
