@@ -249,6 +249,13 @@ class RunConfig:
         "(unset: calibrated to --epsilon; set: epsilon is only reported)",
         low=0.0, low_open=True, optional=True,
     )
+    dp_trust_model: str = _field(
+        "observer",
+        "dp-fedavg, dp-deltafl: whom --epsilon's target protects against: observer (sees the released "
+        "models, not the secret sampling: amplified) or server (samples the cohort: no amplification); "
+        "both epsilons are always reported (docs/privacy.md)",
+        choices=("observer", "server"),
+    )
     dp_quantile_sigma: float | None = _field(
         None,
         "dp-deltafl: discrete Gaussian sigma in [0.5, 1e6] of the quantile per client "

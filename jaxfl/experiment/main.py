@@ -102,11 +102,13 @@ def truncate_metrics(path: Path, last_round: int | None) -> None:
 
 
 def format_privacy(name: str, privacy: dict) -> str:
-    """One line: the (epsilon, delta) a DP run spent, and how it was counted."""
+    """One line: the (epsilon, delta) a DP run spent against each trust model, and how it was counted."""
     return (
-        f"{name}: spent ({privacy['epsilon']:.3f}, {privacy['delta']:.3g})-DP "
-        f"(client-level) over {privacy['rounds']} rounds: noise multiplier "
-        f"{privacy['noise_multiplier']:.4g}, sampling rate "
+        f"{name}: spent ({privacy['epsilon_against_observer']:.3f}, {privacy['delta']:.3g})-DP against an "
+        f"observer of the released models (secret sampling, amplified) and "
+        f"({privacy['epsilon_against_server']:.3f}, {privacy['delta']:.3g})-DP against the server (no "
+        f"amplification), client-level, over {privacy['rounds']} rounds: noise multiplier "
+        f"{privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), sampling rate "
         f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting)"
     )
 

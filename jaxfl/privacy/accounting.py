@@ -290,6 +290,7 @@ def noise_multiplier_for(
     quantile_ratio: float | None = None,
     quantile_epsilon: float | None = None,
     tolerance: float = 1e-5,
+    amplified: bool = True,
 ) -> float:
     """The smallest update noise multiplier z whose run spends <= target_epsilon.
 
@@ -311,6 +312,9 @@ def noise_multiplier_for(
       quantile_epsilon: a fixed per-round quantile epsilon instead (exclusive
         with `quantile_ratio`).
       tolerance: absolute tolerance on z.
+      amplified: calibrate the epsilon that assumes the sampling secret
+        (against an observer of the released models); False: the one without
+        amplification (against the server, who samples), as `epsilon_spent`.
 
     Returns:
       z (a Python float).
@@ -335,13 +339,13 @@ def noise_multiplier_for(
         eps_q = quantile_epsilon
         if quantile_ratio is not None:
             eps_q = quantile_epsilon_for(z, quantile_ratio)
-        return training_event(rounds, sampling, z, eps_q)
+        return training_event(rounds, sampling, z, eps_q, amplified=amplified)
 
     if quantile_epsilon is not None:
         # With the quantile fixed, epsilon decreases to the quantile's own
         # value as z -> inf (the update is then a Gaussian of infinite noise).
         floor = epsilon_spent(
-            rounds, sampling, 1e6, delta, quantile_epsilon=quantile_epsilon
+            rounds, sampling, 1e6, delta, quantile_epsilon=quantile_epsilon, amplified=amplified
         )
         if floor >= target_epsilon:
             raise ValueError(

@@ -121,7 +121,7 @@ class DpBudget:
     @property
     def settings(self) -> tuple[str, ...]:
         """The run settings read here beyond the algorithm's hyperparameters."""
-        names = ("epsilon", "delta")
+        names = ("epsilon", "delta", "dp_trust_model")
         if self.with_quantile:
             names += ("dp_quantile_ratio",)
         return names
@@ -191,7 +191,8 @@ class DpBudget:
             z = given_z
             if z is None:
                 z = noise_multiplier_for(
-                    _positive(settings.epsilon, "epsilon"), delta, rounds, sampling
+                    _positive(settings.epsilon, "epsilon"), delta, rounds, sampling,
+                    amplified=_amplified(settings),
                 )
             out[NOISE_MULTIPLIER] = _float32_at_least(z)
         else:
@@ -206,6 +207,7 @@ class DpBudget:
                         delta,
                         rounds,
                         sampling,
+                        amplified=_amplified(settings),
                         quantile_ratio=ratio,
                     )
                 else:
@@ -214,6 +216,7 @@ class DpBudget:
                         delta,
                         rounds,
                         sampling,
+                        amplified=_amplified(settings),
                         quantile_epsilon=dp_quantile_epsilon(
                             bins, m, given_sigma, scale
                         ),
@@ -312,19 +315,23 @@ class DpBudget:
                 ),
                 "selected_count_public": True,
             }
-            report["epsilon_without_amplification"] = epsilon_spent(
-                rounds_done,
-                sampling,
-                z,
-                delta,
-                quantile_epsilon=quantile_epsilon,
-                amplified=False,
+        # Both trust models, always (docs/privacy.md, "Whom epsilon protects against").
+        by_trust = {
+            trust: epsilon_spent(
+                rounds_done, sampling, z, delta, quantile_epsilon=quantile_epsilon,
+                amplified=trust == OBSERVER,
             )
-        spent = epsilon_spent(
-            rounds_done, sampling, z, delta, quantile_epsilon=quantile_epsilon
-        )
+            for trust in TRUST_MODELS
+        }
+        trust_model = _trust_model(settings)
         return {
-            "epsilon": spent,
+            "epsilon": by_trust[trust_model],
+            "trust_model": trust_model,
+            "epsilon_against_observer": by_trust[OBSERVER],
+            "epsilon_against_server": by_trust[SERVER],
+            # The name earlier versions wrote; the same figure as against the server.
+            "epsilon_without_amplification": by_trust[SERVER],
+            "trust_models": dict(TRUST_MODELS),
             "delta": delta,
             "target_epsilon": _target_epsilon(settings),
             "noise_multiplier": z,
@@ -347,6 +354,29 @@ class DpBudget:
             ),
             **report,
         }
+
+
+OBSERVER = "observer"
+SERVER = "server"
+TRUST_MODELS = {
+    OBSERVER: (
+        "an adversary who sees the released models but not which clients were sampled: amplification by "
+        "sampling (the cohort is drawn secretly each round)"
+    ),
+    SERVER: (
+        "the server, who samples the cohort and sees the securely aggregated noisy sum of each round: no "
+        "amplification, every round composed in full"
+    ),
+}
+
+
+def _trust_model(settings: Any) -> str:
+    return getattr(settings, "dp_trust_model", OBSERVER) or OBSERVER
+
+
+def _amplified(settings: Any) -> bool:
+    """Whether --epsilon's target is the observer's epsilon (amplified) or the server's."""
+    return _trust_model(settings) == OBSERVER
 
 
 def _target_epsilon(settings: Any) -> float | None:

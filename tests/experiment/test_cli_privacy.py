@@ -101,7 +101,37 @@ def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, cap
     assert privacy["epsilon"] == pytest.approx(
         _independent_epsilon(1.5, 4, 0.001), rel=1e-9
     )
-    assert f"dp-fedavg: spent ({privacy['epsilon']:.3f}, 0.001)-DP" in stdout
+    assert f"dp-fedavg: spent ({privacy['epsilon']:.3f}, 0.001)-DP against an observer" in stdout
+    assert f"and ({privacy['epsilon_against_server']:.3f}, 0.001)-DP against the server" in stdout
+
+
+def _server_epsilon(noise_multiplier, rounds, delta):
+    """No amplification: every round a Gaussian of the update's noise, composed in full."""
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(noise_multiplier), rounds)
+    accountant = rdp_privacy_accountant.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
+    return accountant.compose(event).get_epsilon(delta)
+
+
+def test_both_trust_models_are_reported_and_the_target_names_one(dp_run, tmp_path, capsys):
+    observer = json.loads((dp_run / "dp-fedavg" / "summary.json").read_text())["privacy"]
+    assert observer["trust_model"] == "observer" and set(observer["trust_models"]) == {"observer", "server"}
+    assert observer["epsilon"] == observer["epsilon_against_observer"]
+    assert observer["epsilon_against_server"] == pytest.approx(
+        _server_epsilon(observer["noise_multiplier"], 4, 1 / 40), rel=1e-9
+    )
+    assert observer["epsilon_against_server"] > observer["epsilon"]
+    out = tmp_path / "server"
+    argv = ["run", *TINY, "--algorithm", "dp-fedavg", "--epsilon", "8", "--clip-norm", "0.7",
+            "--dp-trust-model", "server", "--out", str(out)]
+    assert main(argv) == 0
+    assert "(calibrated against the server)" in capsys.readouterr().out
+    server = json.loads((out / "summary.json").read_text())["privacy"]
+    assert server["trust_model"] == "server" and server["epsilon"] == server["epsilon_against_server"]
+    assert 7.9 <= server["epsilon"] <= 8.0  # The target holds against the server.
+    assert server["noise_multiplier"] > observer["noise_multiplier"]
+    assert server["epsilon_against_observer"] < server["epsilon"]
 
 
 @pytest.mark.parametrize(
