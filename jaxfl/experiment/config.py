@@ -312,7 +312,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max
 FLOAT32_TINY = 1.1754943508222875e-38  # np.finfo(np.float32).tiny: smaller magnitudes compute as 0
-# The largest sigma the discrete Gaussian sampler draws exactly
+# The largest sigma whose proposals the discrete Gaussian sampler keeps exact
 # (`jaxfl.primitives.discrete_gaussian.MAX_SIGMA`; not imported: reading a
 # config imports no JAX code).
 MAX_DISCRETE_GAUSSIAN_SIGMA = 1e6
@@ -432,8 +432,8 @@ def check_value(name: str, value: Any) -> Any:
         raise ConfigError(f"{name} must be{_ranged(meta)}, got {_shown(value)}")
     if name in ("dp_sigma", "dp_quantile_sigma") and value > MAX_DISCRETE_GAUSSIAN_SIGMA:
         raise ConfigError(
-            f"{name} must be <= {MAX_DISCRETE_GAUSSIAN_SIGMA:g} (the largest sigma the discrete Gaussian "
-            f"sampler draws exactly), got {value!r}"
+            f"{name} must be <= {MAX_DISCRETE_GAUSSIAN_SIGMA:g} (the largest sigma whose proposals the "
+            f"discrete Gaussian sampler keeps exact), got {value!r}"
         )
     if kind == "int" and not -INT32_MAX - 1 <= value <= INT32_MAX:
         raise ConfigError(

@@ -21,9 +21,13 @@ from jaxfl.primitives import _validation
 # about 1e-155: the cap only guarantees termination.
 _MAX_ROUNDS = 1000
 
-# The largest sigma sampled exactly. Proposals floor(t E) (t = floor(sigma) + 1,
-# E ~ Exp(1) from float32 uniforms, so E <= -log(2^-24) ~ 16.6) are float32
-# integers, exact only up to 2^24: t * 16.6 < 2^24 holds for sigma < 1.0e6.
+# The largest sigma whose proposals stay exact. Proposals floor(t E) (t =
+# floor(sigma) + 1, E ~ Exp(1) from float32 uniforms on a 2^-23 grid, so
+# E <= -log(2^-23) ~ 15.9) are float32 integers, exact only up to 2^24:
+# t * 15.9 < 2^24 holds for sigma < 1.0e6. This does not make the draws exact:
+# the float32 uniforms coarsen the law, most at large sigma (docs/privacy.md,
+# "The discrete Gaussian sampler is a simulation sampler"; at sigma = 1e6 the
+# total variation from the discrete Gaussian is about 0.06).
 # Larger sigmas are refused by the run settings (`dp_sigma`,
 # `dp_quantile_sigma`) and by this function for Python values.
 MAX_SIGMA = 1e6

@@ -36,7 +36,7 @@ Refused settings (each a one-line `ValueError`):
 * a ring 2^bits smaller than the modulus Theorem 6 requires at this delta
   (`dp_quantile_modulus(b, m, sigma_q, c, delta)`);
 * a quantile budget that needs sigma_q < 1/2 at the scale c (raise c), or
-  sigma_q above the 1e6 the discrete Gaussian sampler draws exactly;
+  sigma_q above the 1e6 whose proposals the discrete Gaussian sampler keeps exact;
 * absurd noise: z > m / 2 (`max_noise_multiplier`). Then the noise std on
   each coordinate of the sum, z 2C, exceeds m C, the largest norm the whole
   cohort's clipped sum can have: every coordinate of every round is
@@ -238,7 +238,8 @@ class DpBudget:
             if sigma > MAX_SIGMA:
                 raise ValueError(
                     f"the quantile needs discrete Gaussian sigma={sigma:.4g}, above the {MAX_SIGMA:g} "
-                    "the sampler draws exactly: raise dp_quantile_ratio or epsilon, or lower dp_scale"
+                    "whose proposals the sampler keeps exact: raise dp_quantile_ratio or epsilon, or lower "
+                    "dp_scale"
                 )
             needed = dp_quantile_modulus(bins, m, sigma, scale, delta)
             if needed > min(2**bits, MAX_MODULUS):
