@@ -15,13 +15,20 @@ One round (004 Appendix D.1, Algorithm 4, `shared/papers/
    and those clients run local SGD from w_t;
 5. the secure aggregate releases s_t = sum_i p_i clip(w_i - w_t, C) +
    N(0, sigma_w^2 I), sigma_w = z 2C (`jaxfl.privacy.noise`);
-6. w_{t+1} = w_t + s_t / m_t with m_t = sum_i p_i, through the server
-   optimizer as -s_t / m_t (SGD with learning rate 1 is Algorithm 4 line
-   10). m_t is treated as public, as 004 Appendix D assumes ("we assume the
-   number m^(t) of selected clients is publicly known"); this is a caveat: a
-   deployment must release it (it is not covered by the accounting). When
-   no client passes (m_t = 0) the round makes no update (the released sum
-   is discarded: post-processing).
+6. w_{t+1} = w_t + s_t / d_t through the server optimizer as -s_t / d_t
+   (SGD with learning rate 1 is Algorithm 4 line 10), where the divisor d_t
+   depends on `count`:
+   * 'fixed' (the default, sound): d_t = theta m, public and fixed before
+     the round, as DP-FedAvg divides by m. The update is post-processing of
+     the accounted release s_t alone, whatever the number of clients that
+     passed, and every round updates (a round in which nobody passed
+     releases pure noise, as accounted).
+   * 'exact' (the paper's): d_t = m_t = sum_i p_i, the exact number of
+     clients that passed, treated as public as 004 Appendix D assumes ("we
+     assume the number m^(t) of selected clients is publicly known"). m_t
+     changes by one when one client's data is replaced and is NOT covered by
+     the accounting; the summary says so. When no client passes (m_t = 0)
+     the round makes no update.
 
 Differences from Algorithm 4 as printed: the noise is added to the sum, not
 to the average (line 10), so that its privacy, 1 / (2 z^2) zCDP, does not
@@ -76,6 +83,8 @@ from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
+COUNTS = ("fixed", "exact")
+
 
 def dp_deltafl(
     task: Task,
@@ -87,6 +96,7 @@ def dp_deltafl(
     dp_bins: int = 32,
     dp_bits: int = 32,
     dp_scale: int = 10,
+    count: str = "fixed",
 ) -> FederatedAlgorithm:
     """DP Delta-FL, 004 Algorithm 4 (see the module docstring).
 
@@ -99,6 +109,8 @@ def dp_deltafl(
       dp_bins: b, histogram bins, a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
       dp_scale: c, the integer scale of the histograms, >= 1.
+      count: the update's divisor: 'fixed' (theta m, public: sound) or
+        'exact' (m_t, the paper's, assumed public and not accounted).
 
     Returns:
       The `FederatedAlgorithm`.
@@ -106,6 +118,8 @@ def dp_deltafl(
     Raises:
       ValueError: invalid dp_bins, dp_bits or dp_scale.
     """
+    if count not in COUNTS:
+        raise ValueError(f"count must be one of {', '.join(COUNTS)}, got {count!r}")
     if dp_bins < 2 or dp_bins & (dp_bins - 1):
         raise ValueError(f"dp_bins must be a power of two >= 2, got {dp_bins}")
     if not 2 <= dp_bits <= 32:
@@ -158,10 +172,14 @@ def dp_deltafl(
             noise_multiplier=state.hparams[NOISE_MULTIPLIER],
         )
         selected = jnp.sum(contributes.astype(jnp.int32))
-        # s_t / m_t, and no update when nobody passed.
-        inverse_count = jnp.where(
-            selected > 0, 1.0 / jnp.maximum(selected, 1).astype(jnp.float32), 0.0
-        )
+        if count == "fixed":
+            # s_t / (theta m): a public divisor, so the update reveals no more than s_t.
+            inverse_count = 1.0 / (state.hparams["theta"] * clients_per_round)
+        else:
+            # s_t / m_t, and no update when nobody passed.
+            inverse_count = jnp.where(
+                selected > 0, 1.0 / jnp.maximum(selected, 1).astype(jnp.float32), 0.0
+            )
         mean_delta = jax.tree.map(
             lambda x: x * inverse_count.astype(x.dtype), released.total
         )

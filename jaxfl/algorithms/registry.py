@@ -246,6 +246,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             dp_bins=options["dp_bins"],
             dp_bits=options["dp_bits"],
             dp_scale=options["dp_scale"],
+            count=options["dp_count"],
         ),
         "DP Delta-FL (004 Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",
@@ -256,7 +257,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             "dp_noise_multiplier",
             "dp_quantile_sigma",
         ),
-        options={"dp_bins": 32, "dp_bits": 32, "dp_scale": 10},
+        options={"dp_bins": 32, "dp_bits": 32, "dp_scale": 10, "dp_count": "fixed"},
         privacy=DP_DELTAFL_BUDGET,
     ),
 }

@@ -249,6 +249,12 @@ class RunConfig:
         "(unset: calibrated to --epsilon; set: epsilon is only reported)",
         low=0.0, low_open=True, optional=True,
     )
+    dp_count: str = _field(
+        "fixed",
+        "dp-deltafl: the update's divisor: fixed (theta*m, public before the round: sound) or exact (m_t, "
+        "the clients that passed: 004 App. D's assumption, m_t released and not accounted)",
+        choices=("fixed", "exact"),
+    )
     dp_trust_model: str = _field(
         "observer",
         "dp-fedavg, dp-deltafl: whom --epsilon's target protects against: observer (sees the released "

@@ -271,3 +271,6 @@ def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) 
     for name, result in results.items():
         if "privacy" in result.summary:
             print(format_privacy(name, result.summary["privacy"]))
+            quantile = result.summary["privacy"].get("quantile", {})
+            if quantile.get("selected_count_public"):
+                print(f"{name}: divides by {quantile['divisor']}; assumes {quantile['assumption']}")

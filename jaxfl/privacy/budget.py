@@ -123,7 +123,7 @@ class DpBudget:
         """The run settings read here beyond the algorithm's hyperparameters."""
         names = ("epsilon", "delta", "dp_trust_model")
         if self.with_quantile:
-            names += ("dp_quantile_ratio",)
+            names += ("dp_quantile_ratio", "dp_count")
         return names
 
     def _delta(self, settings: Any, sampling: Sampling) -> float:
@@ -314,7 +314,7 @@ class DpBudget:
                     "004 Theorem 6(a) with n = m, entered as a Gaussian of equal "
                     "zCDP (amplification by sampling assumed as for a Gaussian)"
                 ),
-                "selected_count_public": True,
+                **_count_report(settings),
             }
         # Both trust models, always (docs/privacy.md, "Whom epsilon protects against").
         by_trust = {
@@ -348,13 +348,31 @@ class DpBudget:
             "released_update": (
                 "sum of clipped updates + N(0, noise_stddev^2 I), divided by "
                 + (
-                    "the public count m_t of selected clients"
+                    _count_report(settings)["divisor"]
                     if self.with_quantile
                     else "the cohort size m"
                 )
             ),
             **report,
         }
+
+
+def _count_report(settings: Any) -> dict[str, Any]:
+    """What DP Delta-FL divides its noisy sum by, and what that assumes (`dp_deltafl` `count`)."""
+    if getattr(settings, "dp_count", "fixed") == "exact":
+        return {
+            "selected_count_public": True,
+            "divisor": "the exact count m_t of clients that passed the threshold",
+            "assumption": (
+                "004 Appendix D: m_t is publicly known. It is released by the update and NOT accounted: "
+                "replacing one client's data changes it by one, and m_t = 0 shows as a round without update"
+            ),
+        }
+    return {
+        "selected_count_public": False,
+        "divisor": "theta * m, public and fixed before the round (m_t is never released)",
+        "assumption": "none beyond the accounted releases",
+    }
 
 
 OBSERVER = "observer"

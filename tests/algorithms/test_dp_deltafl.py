@@ -35,15 +35,15 @@ NOISE_OFF = {
 
 
 @functools.cache
-def build():
-    """One compiled round for every test of this module."""
+def build(count="exact"):
+    """One compiled round per count for every test of this module."""
     return dp_deltafl(
-        TASK, LOCAL, M, strategy=ClientStrategy("vmap"), dp_bins=BINS, dp_scale=SCALE
+        TASK, LOCAL, M, strategy=ClientStrategy("vmap"), dp_bins=BINS, dp_scale=SCALE, count=count
     )
 
 
-def run(hparams, num_rounds=3, key=KEY):
-    algorithm = build()
+def run(hparams, num_rounds=3, key=KEY, count="exact"):
+    algorithm = build(count)
     state = algorithm.init(initial_params(), {"lr": LR, **hparams})
     return run_rounds(algorithm, state, num_rounds, key)
 
@@ -92,7 +92,9 @@ def test_without_noise_it_is_deltafl_with_the_histogram_quantile(theta):
         assert ours["clients_with_weight"] == theirs["clients_with_weight"]
 
 
-def test_clipped_rounds_equal_a_numpy_loop_over_clients():
+@pytest.mark.parametrize("count", ["exact", "fixed"])
+def test_clipped_rounds_equal_a_numpy_loop_over_clients(count):
+    # exact: s_t / m_t (004 App. D); fixed: s_t / (theta m), the sound default.
     theta, clip_norm = 0.5, 0.05
 
     def plan(r, ids, alpha, losses, key, memory):
@@ -107,9 +109,9 @@ def test_clipped_rounds_equal_a_numpy_loop_over_clients():
         scale = np.where(
             passes, np.minimum(1.0, clip_norm / np.maximum(norms, 1e-30)), 0
         )
-        return scale / max(passes.sum(), 1)
+        return scale / (max(passes.sum(), 1) if count == "exact" else theta * M)
 
-    state, history = run({**NOISE_OFF, "theta": theta, "clip_norm": clip_norm})
+    state, history = run({**NOISE_OFF, "theta": theta, "clip_norm": clip_norm}, count=count)
     kernel, bias, reference = reference_rounds(
         initial_params(),
         KEY,
@@ -158,6 +160,34 @@ def test_update_noise_has_the_calibrated_scale_over_the_selected_count():
     assert stats.kstest(samples * 2, "norm").pvalue < 1e-6  # The test has power.
 
 
+def test_with_the_fixed_count_every_round_releases_noise_over_theta_m():
+    # lr = 0: w_{t+1} - w_t = xi / (theta m) in every round, nobody passing or not.
+    z, clip_norm, theta, rounds = 0.8, 0.5, 0.5, 25
+    algorithm = build("fixed")
+    state = algorithm.init(
+        initial_params(),
+        {"lr": 0.0, "theta": theta, "clip_norm": clip_norm, "dp_noise_multiplier": z,
+         "dp_quantile_sigma": 0.6, "dp_loss_bound": BOUND},
+    )
+    previous, standardized = _flat(state.params), []
+    for _ in range(rounds):
+        state, _ = run_rounds(algorithm, state, 1, KEY)
+        current = _flat(state.params)
+        standardized.append((current - previous) * theta * M / (z * 2 * clip_norm))
+        previous = current
+    samples = np.concatenate(standardized)
+    assert stats.kstest(samples, "norm").pvalue > 1e-3
+    assert stats.kstest(samples * 2, "norm").pvalue < 1e-6
+
+
+def test_with_the_fixed_count_nobody_passing_moves_nothing_without_noise():
+    _, history = run(
+        {"theta": 0.5, "clip_norm": 1.0, "dp_noise_multiplier": 0.0}, num_rounds=1, count="fixed"
+    )
+    assert history[0]["clients_with_weight"] == 0 and np.isfinite(history[0]["update_norm"])
+    assert history[0]["update_norm"] == 0.0
+
+
 def test_quantile_noise_is_applied_and_keyed_per_round():
     hparams = {"theta": 0.5, "clip_norm": 1.0, "dp_noise_multiplier": 0.0}
     _, quiet = run({**NOISE_OFF, **hparams}, num_rounds=3)
@@ -181,6 +211,7 @@ def test_an_uncalibrated_quantile_selects_nobody():
         (dict(dp_bins=48), "power of two"),
         (dict(dp_bits=40), "dp_bits"),
         (dict(dp_scale=0), "dp_scale"),
+        (dict(count="noisy"), "count"),
     ],
 )
 def test_invalid_static_options_raise(options, message):

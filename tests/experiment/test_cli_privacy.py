@@ -215,3 +215,17 @@ def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
         assert privacy["epsilon"] <= float(row["epsilon"]) * (1 + 1e-6)
         assert privacy["epsilon"] == pytest.approx(float(row["epsilon"]), rel=0.05)
         assert float(row["privacy_noise_multiplier"]) == privacy["noise_multiplier"]
+
+
+def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_path, capsys):
+    quantile = json.loads((dp_run / "dp-deltafl" / "summary.json").read_text())["privacy"]["quantile"]
+    assert quantile["selected_count_public"] is False and quantile["divisor"].startswith("theta * m")
+    out = tmp_path / "exact"
+    argv = ["run", *TINY, "--algorithm", "dp-deltafl", "--epsilon", "8", "--dp-count", "exact",
+            "--out", str(out)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "dp-deltafl: divides by the exact count m_t" in stdout and "NOT accounted" in stdout
+    exact = json.loads((out / "summary.json").read_text())["privacy"]
+    assert exact["quantile"]["selected_count_public"] is True
+    assert "m_t" in exact["released_update"]
