@@ -199,7 +199,10 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     return EXIT_DIVERGED if diverged else 0
 
 
-PRIVACY_COLUMNS = ("epsilon", "epsilon_without_amplification", "delta", "noise_multiplier", "sampling_rate")
+PRIVACY_COLUMNS = (
+    "epsilon", "trust_model", "epsilon_against_observer", "epsilon_against_server", "delta",
+    "noise_multiplier", "sampling_rate",
+)
 
 
 def privacy_columns(privacy: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -215,6 +215,8 @@ def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
         assert privacy["epsilon"] <= float(row["epsilon"]) * (1 + 1e-6)
         assert privacy["epsilon"] == pytest.approx(float(row["epsilon"]), rel=0.05)
         assert float(row["privacy_noise_multiplier"]) == privacy["noise_multiplier"]
+        assert float(row["privacy_epsilon_against_server"]) == privacy["epsilon_against_server"]
+        assert row["privacy_trust_model"] == "observer"
 
 
 def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_path, capsys):
