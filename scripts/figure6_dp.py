@@ -84,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bins", type=_ints, default=[16, 32, 64])
     parser.add_argument("--clip-norms", type=_floats, default=[0.9, 1.1, 1.3, 1.5])
     parser.add_argument("--chunk", type=int, default=400, help="points per sweep")
+    parser.add_argument(
+        "--dp-count", choices=("fixed", "exact"), default="fixed",
+        help="DP Delta-FL's divisor: theta*m (sound default) or the exact count m_t (004 App. D)",
+    )
     parser.add_argument("--strategy", default="vmap")
     parser.add_argument(
         "--algorithms", default="dp-fedavg,dp-deltafl", help="comma-separated"
@@ -137,6 +141,8 @@ def base_config(args: argparse.Namespace, algorithm: str, bins: int = 32):
             eval_every=args.rounds,
             strategy=args.strategy,
             dp_bins=bins,
+            # DP Delta-FL's divisor: theta*m (sound, the default) or the paper's exact m_t.
+            **({"dp_count": args.dp_count} if algorithm == "dp-deltafl" else {}),
             progress=False,
         )
     )
