@@ -105,3 +105,13 @@ def assert_cli_refuses(argv, words, out, capsys):
     for word in words:
         assert word in err, (word, err)
     assert not out.exists() and not Path(str(out) + ".partial").exists()
+
+
+# The tiny label-shift population the CLI tests run on (40 training and 20 test
+# clients from a pool of 20,000 examples): flags for `jaxfl run`.
+TINY_LABEL_SHIFT = [
+    "--dataset-option", "num_train_clients=40",
+    "--dataset-option", "num_validation_clients=0",
+    "--dataset-option", "num_test_clients=20",
+    "--dataset-option", "pool_size=20000",
+]  # fmt: skip

@@ -14,7 +14,6 @@ there are several).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +59,7 @@ def evaluate_model(saved: SavedModel, config: RunConfig) -> tuple[dict, dict]:
             f"dataset {config.dataset} has inputs of shape {list(dataset.input_shape)} and the model was "
             f"trained on {saved.build['input_shape']}"
         )
-    check_model_fits_targets(saved.model, dataset, dataclasses.replace(config, model=saved.config.model))
+    check_model_fits_targets(saved.model, dataset, config)
     dataset, _ = place_dataset(dataset, config.residency)
     task = Task(saved.model, excluded_target_ids=dataset.excluded_target_ids)
     evaluate = make_evaluator(task, dataset, config.client_weighting)

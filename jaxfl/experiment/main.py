@@ -15,14 +15,12 @@ Exit statuses: 0 finished, 2 refused settings, 3 diverged
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from jaxfl.experiment.checkpoints import RunCheckpoints
@@ -63,22 +61,13 @@ def write_result(directory: Path, config: RunConfig, result: RunResult, run_setu
 
 
 def read_result(directory: Path, name: str) -> RunResult:
-    """A finished algorithm's result read back from its files (for a resumed run's table)."""
+    """A finished algorithm's result read back from its files (for a resumed run's table and rows)."""
     summary = json.loads((directory / "summary.json").read_text())
     timing_path = directory / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     history = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line]
-    clients: dict[str, dict[str, np.ndarray]] = {}
-    if (directory / "clients.csv").exists():
-        with (directory / "clients.csv").open() as f:
-            for row in csv.DictReader(f):
-                population = clients.setdefault(
-                    row["population"], {k: [] for k in ("num_examples", "loss", "error", "targets")}
-                )
-                for key in population:
-                    population[key].append(float(row[key]))
-        clients = {p: {k: np.asarray(v) for k, v in values.items()} for p, values in clients.items()}
-    return RunResult(name, None, history, summary, clients, timing)
+    # Its files are written already: only the summary and the timing are read again.
+    return RunResult(name, None, history, summary, {}, timing)
 
 
 def truncate_metrics(path: Path, last_round: int | None) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxfl.experiment.config import ConfigError
+from jaxfl.experiment.outputs import write_json
 
 MARKER = "jaxfl-run.json"
 LOCK = ".jaxfl-lock"
@@ -132,7 +133,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def describe_leftover(staging: Path, marker: dict[str, Any]) -> str:
+def describe_leftover(marker: dict[str, Any]) -> str:
     """E.g. 'run (killed; last checkpoint: round 40 of 100)'."""
     status = marker.get("status", "unfinished")
     if status == "running":  # Its lock is free: the process died without a word (kill -9, a crash).
@@ -191,7 +192,7 @@ class OutputDirectory:
             )
         if not self.overwrite:
             raise ConfigError(
-                f"{str(self.staging)!r} holds an unfinished {describe_leftover(self.staging, marker)}: "
+                f"{str(self.staging)!r} holds an unfinished {describe_leftover(marker)}: "
                 f"continue it with `jaxfl {self.command} --resume {self.path}`, or pass --overwrite to "
                 "discard it"
             )
@@ -272,7 +273,7 @@ class OutputDirectory:
         if resume:
             return self.resume()
         staging = self.open(rounds=rounds)
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_json(staging / "config.json", config)
         return staging
 
     def resume(self) -> Path:

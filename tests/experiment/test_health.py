@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import TINY_LABEL_SHIFT
 
 from jaxfl.cli import main
 from jaxfl.evaluation.summaries import summarize, within_range
@@ -18,10 +19,7 @@ from jaxfl.experiment.outputs import json_safe, write_json
 from jaxfl.experiment.run_directory import MARKER
 
 TINY = [
-    "--dataset-option", "num_train_clients=40",
-    "--dataset-option", "num_validation_clients=0",
-    "--dataset-option", "num_test_clients=20",
-    "--dataset-option", "pool_size=20000",
+    *TINY_LABEL_SHIFT,
     "--rounds", "8", "--clients-per-round", "5", "--eval-every", "2",
     "--no-progress", "--strategy", "vmap", "--algorithm", "fedavg",
 ]

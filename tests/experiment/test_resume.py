@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from reference import TINY_LABEL_SHIFT
 
 from jaxfl.cli import main
 from jaxfl.experiment import runner
@@ -24,10 +25,7 @@ from jaxfl.experiment.run_directory import MARKER
 from jaxfl.experiment.saved_model import load_model
 
 BASE = [
-    "--dataset-option", "num_train_clients=40",
-    "--dataset-option", "num_validation_clients=0",
-    "--dataset-option", "num_test_clients=20",
-    "--dataset-option", "pool_size=20000",
+    *TINY_LABEL_SHIFT,
     "--rounds", "8", "--clients-per-round", "5", "--eval-every", "2",
     "--no-progress", "--checkpoint-every", "2",
 ]
