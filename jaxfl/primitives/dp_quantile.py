@@ -356,21 +356,45 @@ def _check_positive(value, name) -> float:
     return value
 
 
+def _branches(signal: float, psi: float, num_bins: int) -> tuple[float, float, float]:
+    """The three squared epsilons of `dp_quantile_epsilon` (A, B, C there)."""
+    return (
+        signal**2 + 4.0 * psi * num_bins,
+        signal**2 + 4.0 * psi * signal + 2.0 * psi**2 * num_bins,
+        (signal + psi * math.sqrt(2.0 * num_bins)) ** 2,
+    )
+
+
 def dp_quantile_epsilon(
     num_bins: int, num_clients: int, sigma: float, scale: float
 ) -> float:
-    r"""Privacy of `dp_quantile`: (epsilon^2 / 2)-zCDP by 004 Theorem 6(a).
+    r"""Privacy of `dp_quantile`: (epsilon^2 / 2)-zCDP, valid at every order.
 
-    epsilon = min( sqrt(c^2 log2(b)^2 / (n sigma^2) + psi b),
-                   c log2(b) / (sqrt(n) sigma) + psi sqrt(2 b) ),
-    psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)),
+    epsilon^2 = min( s^2 + 4 psi b,                       (A)
+                     s^2 + 4 psi s + 2 psi^2 b,           (B)
+                     (s + psi sqrt(2 b))^2 ),              (C)
+    s = c log2(b) / (sqrt(n) sigma),
+    psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)).
 
-    i.e. the distributed discrete Gaussian bound of KLS21 (004 Lemma 18) with
-    d = 2b nodes and the L2 sensitivity taken as c log2(b), as in the paper.
-    (A client's tree has log2(b) ones, so its true L2 norm is c sqrt(log2 b):
-    the paper's value is an upper bound and this epsilon is conservative.)
+    Derivation (docs/privacy.md, "The quantile's epsilon"). The noisy tree
+    sums n independent N_Z(0, sigma^2) per node over d = 2b nodes; one client
+    replaced changes the sum by a vector of L2 norm <= Delta2 = c log2(b)
+    (004's value, an upper bound of the true c sqrt(2 log2 b) for b >= 4) and
+    L1 norm <= Delta1 = 2 c log2(b). KLS21 Proposition 14 (004 Lemma 18)
+    bounds the Renyi divergence of order alpha >= 1 by the min of
+      alpha/2 Delta2^2 / (n sigma^2) + psi d,
+      alpha/2 (Delta2^2 / (n sigma^2) + 2 Delta1 psi / (sqrt(n) sigma) + psi^2 d),
+      alpha/2 (Delta2 / (sqrt(n) sigma) + psi sqrt(d))^2.
+    rho-zCDP needs D_alpha <= rho alpha for *every* alpha >= 1; the first
+    bound's constant psi d is <= psi d alpha there, so it gives rho = s^2/2 +
+    psi d, i.e. (A); the other two are already linear in alpha, (B) and (C).
+    004 Theorem 6(a) (and KLS21 Theorem 1) print (A) as s^2 + psi b, which
+    holds only at alpha >= 4: below sigma ~ 1 that understates epsilon (b = 32,
+    n = 100, c = 1, sigma = 0.6: 6.86 there, 11.84 here). From sigma ~ 2 psi
+    is negligible and both agree with s. Host-side float64.
+
     The guarantee needs M >= `dp_quantile_modulus` and sigma >= 1/2.
-    epsilon is decreasing in sigma and increasing in c. Host-side float64.
+    epsilon is decreasing in sigma and increasing in c.
 
     Args:
       num_bins: b, a power of two >= 2.
@@ -387,13 +411,9 @@ def dp_quantile_epsilon(
     num_bins, num_clients = _check_counts(num_bins, num_clients)
     sigma = _check_sigma(sigma)
     scale = _check_positive(scale, "scale")
-    depth = math.log2(num_bins)
     psi = _psi(num_clients, sigma)
-    signal = scale * depth / (math.sqrt(num_clients) * sigma)
-    return min(
-        math.sqrt(signal**2 + psi * num_bins),
-        signal + psi * math.sqrt(2 * num_bins),
-    )
+    signal = scale * math.log2(num_bins) / (math.sqrt(num_clients) * sigma)
+    return math.sqrt(min(_branches(signal, psi, num_bins)))
 
 
 def dp_quantile_modulus(
@@ -490,13 +510,13 @@ def dp_quantile_scale(
 ) -> float:
     r"""The (real) scale c at which `dp_quantile_epsilon` equals epsilon.
 
-    Both branches of the min increase in c, so min(...) <= epsilon iff c is at
-    most the larger of the two branch solutions:
-    c1 = sqrt(epsilon^2 - psi b) / A (if epsilon^2 > psi b) and
-    c2 = (epsilon - psi sqrt(2b)) / A (if epsilon > psi sqrt(2b)), with
-    A = log2(b) / (sqrt(n) sigma). Algorithm 2 needs an integer c: round it
-    down (epsilon stays below the target) and re-solve sigma with
-    `dp_quantile_sigma` to reach the target exactly.
+    Each branch (A), (B), (C) of the min increases in s = c A with A =
+    log2(b) / (sqrt(n) sigma), so min(...) <= epsilon^2 iff s is at most the
+    largest of the branch solutions: s_A = sqrt(epsilon^2 - 4 psi b),
+    s_B = -2 psi + sqrt(4 psi^2 - 2 psi^2 b + epsilon^2),
+    s_C = epsilon - psi sqrt(2b) (each where positive). Algorithm 2 needs an
+    integer c: round it down (epsilon stays below the target) and re-solve
+    sigma with `dp_quantile_sigma` to reach the target exactly.
 
     Args:
       epsilon: target zCDP epsilon > 0.
@@ -508,22 +528,24 @@ def dp_quantile_scale(
       c > 0 (a Python float).
 
     Raises:
-      ValueError: epsilon is not above min(sqrt(psi b), psi sqrt(2b)) (the
-        value as c -> 0: no scale reaches it at this sigma).
+      ValueError: epsilon is not above the value as c -> 0 (no scale reaches it
+        at this sigma).
     """
     num_bins, num_clients = _check_counts(num_bins, num_clients)
     sigma = _check_sigma(sigma)
     epsilon = _check_positive(epsilon, "epsilon")
     psi = _psi(num_clients, sigma)
     per_scale = math.log2(num_bins) / (math.sqrt(num_clients) * sigma)
-    candidates = []
-    if epsilon**2 > psi * num_bins:
-        candidates.append(math.sqrt(epsilon**2 - psi * num_bins) / per_scale)
-    if epsilon > psi * math.sqrt(2 * num_bins):
-        candidates.append((epsilon - psi * math.sqrt(2 * num_bins)) / per_scale)
-    if not candidates:
+    target = epsilon**2
+    candidates = [
+        math.sqrt(target - 4.0 * psi * num_bins) if target > 4.0 * psi * num_bins else 0.0,
+        -2.0 * psi + math.sqrt(4.0 * psi**2 + max(target - 2.0 * psi**2 * num_bins, 0.0)),
+        epsilon - psi * math.sqrt(2.0 * num_bins),
+    ]
+    signal = max(candidates)
+    if not signal > 0:
         raise ValueError(
             f"epsilon={epsilon} is not reachable at sigma={sigma}: the noise "
             "floor psi alone exceeds it; increase sigma"
         )
-    return max(candidates)
+    return signal / per_scale

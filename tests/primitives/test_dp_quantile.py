@@ -336,15 +336,34 @@ def test_vmap_over_theta_reuses_one_noisy_histogram_and_client_mask():
 # Theorem 6
 
 
-def theorem6_epsilon(b, n, sigma, c):
-    """004 Theorem 6(a), transcribed independently with a Python loop."""
-    psi = 10 * sum(
-        math.exp(-2 * math.pi**2 * sigma**2 * i / (i + 1)) for i in range(1, n)
-    )
-    depth = math.log2(b)
-    first = math.sqrt(c**2 * depth**2 / (n * sigma**2) + psi * b)
-    second = c * depth / (math.sqrt(n) * sigma) + psi * math.sqrt(2 * b)
-    return min(first, second), psi
+def psi_loop(n, sigma):
+    return 10 * sum(math.exp(-2 * math.pi**2 * sigma**2 * i / (i + 1)) for i in range(1, n))
+
+
+def zcdp_epsilon_from_proposition14(b, n, sigma, c):
+    """sqrt(2 rho) for the smallest rho with D_alpha <= rho alpha at every order.
+
+    KLS21 Proposition 14's three Renyi bounds with d = 2b nodes, Delta2 = c
+    log2(b) (004's value) and Delta1 = 2 c log2(b) (replacement), each turned
+    into a zCDP rho numerically: the sup over a grid of orders of bound /
+    alpha (no closed form used).
+    """
+    tau, d = psi_loop(n, sigma), 2 * b
+    delta2, delta1 = c * math.log2(b), 2 * c * math.log2(b)
+    root = math.sqrt(n) * sigma
+    alphas = np.concatenate([[1.0], np.geomspace(1.0001, 1e6, 2000)])
+    bounds = [
+        alphas / 2 * delta2**2 / root**2 + tau * d,
+        alphas / 2 * (delta2**2 / root**2 + 2 * delta1 * tau / root + tau**2 * d),
+        alphas / 2 * (delta2 / root + tau * math.sqrt(d)) ** 2,
+    ]
+    return math.sqrt(2 * min(float(np.max(bound / alphas)) for bound in bounds))
+
+
+def theorem6_as_printed(b, n, sigma, c):
+    """004 Theorem 6(a) as printed: its first branch holds only from order 4."""
+    psi, signal = psi_loop(n, sigma), c * math.log2(b) / (math.sqrt(n) * sigma)
+    return min(math.sqrt(signal**2 + psi * b), signal + psi * math.sqrt(2 * b))
 
 
 @pytest.mark.parametrize(
@@ -355,19 +374,33 @@ def theorem6_epsilon(b, n, sigma, c):
         (64, 256, 0.7, 2.0),
         (2, 1, 2.0, 1.0),
         (1024, 10_000, 1.2, 40.0),
+        (32, 100, 0.6, 1.0),
+        (32, 100, 0.6, 10.0),
     ],
 )
-def test_epsilon_formula(b, n, sigma, c):
-    expected, psi = theorem6_epsilon(b, n, sigma, c)
-    np.testing.assert_allclose(
-        dp_quantile_epsilon(b, n, sigma, c), expected, rtol=1e-12
-    )
+def test_epsilon_is_proposition14_at_every_order(b, n, sigma, c):
+    got = dp_quantile_epsilon(b, n, sigma, c)
+    np.testing.assert_allclose(got, zcdp_epsilon_from_proposition14(b, n, sigma, c), rtol=1e-9)
+    # Where psi is negligible (sigma >= 1.2 here) it is the printed Theorem 6(a).
+    if sigma >= 1.2:
+        np.testing.assert_allclose(got, theorem6_as_printed(b, n, sigma, c), rtol=1e-3)
+    psi = psi_loop(n, sigma)
     # The theorem states psi <= 10 (n - 1) exp(-2 pi^2 sigma^2), but each term
     # exp(-2 pi^2 sigma^2 i / (i + 1)) is at least exp(-2 pi^2 sigma^2): the
     # inequality is reversed. Since i / (i + 1) >= 1/2 the bound that holds is
     # 10 (n - 1) exp(-pi^2 sigma^2). (Documented in docs/primitives.md.)
     assert psi >= 10 * (n - 1) * math.exp(-2 * math.pi**2 * sigma**2)
     assert psi <= 10 * (n - 1) * math.exp(-(math.pi**2) * sigma**2)
+
+
+def test_epsilon_at_small_sigma_exceeds_the_printed_theorem():
+    # Issue 13's example: b = 32, n = 100, c = 1, sigma = 0.6. Printed: 6.86;
+    # valid at every order: 11.84 (branch B: s^2 + 4 psi s + 2 psi^2 b with
+    # s = 5/6, psi = 1.4503: 0.694 + 4.834 + 134.6 = 140.2).
+    assert theorem6_as_printed(32, 100, 0.6, 1) == pytest.approx(6.863, abs=1e-3)
+    assert dp_quantile_epsilon(32, 100, 0.6, 1) == pytest.approx(11.8385, abs=1e-4)
+    # From sigma = 2 psi is below 1e-20 at n = 100: both are s.
+    assert dp_quantile_epsilon(32, 100, 2.0, 1) == pytest.approx(5 / 20, rel=1e-12)
 
 
 def test_epsilon_is_monotone_and_inverses_round_trip():
