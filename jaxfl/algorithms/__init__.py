@@ -9,13 +9,7 @@ from jaxfl.algorithms.base import (
 from jaxfl.algorithms.deltafl import deltafl
 from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
-from jaxfl.algorithms.fedavg import (
-    Aggregation,
-    ClientPlan,
-    Cohort,
-    fedavg,
-    weighted_averaging_algorithm,
-)
+from jaxfl.algorithms.fedavg import fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
@@ -29,6 +23,12 @@ from jaxfl.algorithms.registry import (
     algorithm_spec,
     build_algorithm,
     hparam_fields,
+)
+from jaxfl.algorithms.round_template import (
+    Aggregation,
+    ClientPlan,
+    Cohort,
+    weighted_averaging_algorithm,
 )
 from jaxfl.algorithms.term import term
 

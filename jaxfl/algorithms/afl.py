@@ -42,7 +42,7 @@ import optax
 from optax.projections import projection_simplex
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import (
+from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,

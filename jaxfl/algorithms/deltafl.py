@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import ClientPlan, Cohort, weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import ClientPlan, Cohort, weighted_averaging_algorithm
 from jaxfl.primitives import (
     dp_quantile,
     smoothed_superquantile_weights,

@@ -68,7 +68,7 @@ import optax
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.deltafl import client_passes
 from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS
-from jaxfl.algorithms.fedavg import (
+from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,

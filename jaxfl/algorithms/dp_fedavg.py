@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import (
+from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import ClientPlan, Cohort, weighted_averaging_algorithm
 from jaxfl.algorithms.plans import random_subset_mask
+from jaxfl.algorithms.round_template import ClientPlan, Cohort, weighted_averaging_algorithm
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key

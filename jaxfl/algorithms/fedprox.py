@@ -23,7 +23,8 @@ from __future__ import annotations
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.fedavg import straggler_plan, weighted_averaging_algorithm
+from jaxfl.algorithms.fedavg import straggler_plan
+from jaxfl.algorithms.round_template import weighted_averaging_algorithm
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 

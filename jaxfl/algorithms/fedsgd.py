@@ -21,7 +21,7 @@ from __future__ import annotations
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.fedavg import weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import weighted_averaging_algorithm
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy

@@ -44,13 +44,13 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
-from jaxfl.algorithms.fedavg import (
+from jaxfl.algorithms.fedsgd import full_batch_step
+from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,
     weighted_averaging_algorithm,
 )
-from jaxfl.algorithms.fedsgd import full_batch_step
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy

@@ -32,11 +32,12 @@ from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.deltafl import deltafl
 from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
-from jaxfl.algorithms.fedavg import LOCAL_HPARAM_DEFAULTS, fedavg
+from jaxfl.algorithms.fedavg import fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.qffl import qffl
+from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
 from jaxfl.algorithms.term import term
 from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
 from jaxfl.training.local import LocalTraining, Task

@@ -26,7 +26,7 @@ from __future__ import annotations
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import weighted_averaging_algorithm
 from jaxfl.primitives import tilted_risk_weights
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
