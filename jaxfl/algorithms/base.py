@@ -37,6 +37,9 @@ class ServerState:
       opt_state: the server optimizer's state.
       hparams: name -> float32 [] numeric hyperparameters.
       extra: algorithm-specific state (e.g. AFL's mixture weights), or ().
+      clients: per-client state, leaves `[N, ...]` indexed by client id
+        (Ditto's personal models), or (). The round gathers the cohort's rows
+        and scatters them back.
     """
 
     round: jax.Array
@@ -44,6 +47,7 @@ class ServerState:
     opt_state: optax.OptState
     hparams: Mapping[str, jax.Array]
     extra: PyTree = ()
+    clients: PyTree = ()
 
 
 class FederatedAlgorithm(NamedTuple):

@@ -318,6 +318,7 @@ def weighted_averaging_algorithm(
             opt_state=opt_state,
             hparams=state.hparams,
             extra=aggregation.extra,
+            clients=state.clients,
         )
         return new_state, metrics
 

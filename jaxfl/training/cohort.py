@@ -150,6 +150,88 @@ def train_cohort(
     )
 
 
+class PersonalResults(NamedTuple):
+    """Per-client results of personal training (leading axis M).
+
+    Attributes:
+      params: each client's personal model after training, leaves `[M, ...]`.
+      num_steps: `[M]` int32 real local steps.
+      mean_batch_loss: `[M]` mean minibatch loss of the personal model.
+    """
+
+    params: Params
+    num_steps: jax.Array
+    mean_batch_loss: jax.Array
+
+
+def train_personal_models(
+    task: Task,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    anchor: Params,
+    personal: Params,
+    population: ClientPopulation,
+    client_ids: jax.Array,
+    clients_key: Key,
+    hparams: LocalHParams,
+    *,
+    slots: jax.Array | None = None,
+) -> PersonalResults:
+    """Trains each cohort client's personal model towards `anchor`.
+
+    Client i runs `local_sgd` from its personal model v_i with the proximal
+    term centered at `anchor` (w_t): v <- v - lr (grad F_i(v) + mu (v - w_t)),
+    mu = `hparams.prox_mu`. Its key is `fold_in(clients_key, client_ids[i])`,
+    the key of its global local training in `train_cohort`, so both visit the
+    same minibatches in the same order: the personal and the global steps of
+    thesis Algorithm 7 on the same minibatch, as the authors' code (they do not
+    depend on each other within a round, so running them in two passes gives
+    what interleaving them gives).
+
+    Args:
+      task: the model and loss.
+      local: the static shape of local training (the global steps').
+      strategy: how the cohort's clients are laid out on the hardware.
+      anchor: w_t, the center of the proximal term.
+      personal: the cohort's personal models, leaves `[M, ...]`.
+      population: the training clients' examples.
+      client_ids: `[M]` the cohort's global ids (they key each client).
+      clients_key: base of the per-client keys (the round's `keys.clients`).
+      hparams: learning rate and `prox_mu` = lambda (l2 is not applied).
+      slots: `[M]` where each client's examples are in `population`.
+
+    Returns:
+      The trained personal models and their step counts and losses.
+    """
+    num_clients = client_ids.shape[0]
+    slots = client_ids if slots is None else slots
+    per_client = {
+        "id": slots,
+        "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
+        "active": jnp.ones(num_clients, bool),
+        "start": personal,
+    }
+
+    def client_fn(shared, client):
+        anchor, population, hparams = shared
+        result = local_sgd(
+            task,
+            client["start"],
+            population,
+            client["id"],
+            client["key"],
+            hparams,
+            local,
+            active=client["active"],
+            anchor=anchor,
+        )
+        return {"params": result.params, "num_steps": result.num_steps, "loss": result.mean_batch_loss}
+
+    cost = local.num_steps(population.counts[slots])
+    out = map_clients(client_fn, (anchor, population, hparams), per_client, strategy, cost=cost)
+    return PersonalResults(out["params"], out["num_steps"], out["loss"])
+
+
 def sample_cohort(key: Key, population: ClientPopulation, clients_per_round: int):
     """`[M]` ids of the round's clients, uniformly without replacement."""
     return sample_without_replacement(key, population.num_clients, clients_per_round)

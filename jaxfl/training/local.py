@@ -276,12 +276,13 @@ def local_sgd(
     *,
     num_epochs: jax.Array | None = None,
     active: jax.Array | bool = True,
+    anchor: Params | None = None,
 ) -> LocalResult:
     """Trains one client from `params` with minibatch SGD.
 
     Args:
       task: model and loss.
-      params: the server model w_t (also the proximal anchor).
+      params: where training starts (the server model w_t in rounds).
       population: packed clients.
       client_id: int32 scalar, which client.
       key: this client's key (`fold_in(round_key, client_id)` in rounds).
@@ -290,6 +291,9 @@ def local_sgd(
       num_epochs: optional traced number of epochs <= config.num_epochs
         (stragglers run fewer).
       active: False runs zero steps (padding clients).
+      anchor: the proximal term's center (default `params`): Ditto trains a
+        personal model v from v towards the server model w_t with the
+        proximal term lambda/2 ||v - w_t||^2 (thesis Algorithm 7).
 
     Returns:
       The trained parameters, the number of real steps and the mean loss of
@@ -303,7 +307,7 @@ def local_sgd(
     num_steps = jnp.where(active, config.num_steps(count, num_epochs), 0)
     perms = epoch_orders(key, count, max_count, config.num_epochs)
     in_batch = jnp.arange(batch_size)
-    anchor = params
+    anchor = params if anchor is None else anchor
     # Dropout and augmentation: a stream of the client's key apart from the
     # epoch orders (which fold in the epoch index).
     model_key = jax.random.fold_in(key, _MODEL_STREAM)
