@@ -30,6 +30,7 @@ import optax
 from jaxfl.algorithms.afl import afl
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.deltafl import deltafl
+from jaxfl.algorithms.ditto import ditto
 from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import fedavg
@@ -262,6 +263,43 @@ SPECS: dict[str, AlgorithmSpec] = {
         privacy=DP_DELTAFL_BUDGET,
     ),
 }
+
+# The global solvers Ditto takes (thesis section 5.2: "G is any global FL
+# objective"). The DP algorithms are left out: their budget is calibrated per
+# registry entry, and Ditto's personal steps would need their own account.
+DITTO_GLOBALS = ("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl")
+
+
+def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    global_name = options["ditto_global"]
+    if global_name not in DITTO_GLOBALS:
+        raise ValueError(
+            f"ditto_global must be one of {', '.join(DITTO_GLOBALS)}, got {global_name!r}"
+        )
+    if engine.num_clients is None:
+        raise ValueError("ditto needs the number of training clients (Engine.num_clients)")
+    inner_spec = SPECS[global_name]
+    inner = inner_spec.build(engine, {k: options[k] for k in inner_spec.options})
+    return ditto(
+        inner,
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        engine.num_clients,
+        strategy=engine.strategy,
+    )
+
+
+SPECS["ditto"] = AlgorithmSpec(
+    _build_ditto,
+    "Ditto (thesis ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
+    "model of --ditto-global",
+    hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
+    options={
+        "ditto_global": "fedavg",
+        **{k: v for g in DITTO_GLOBALS for k, v in SPECS[g].options.items()},
+    },
+)
 
 # name -> (builder, description): the registry's original shape, kept for
 # callers that only list names and descriptions.

@@ -224,6 +224,9 @@ class FederatedDataset:
       excluded_target_ids: target ids that accuracy does not count (a
         sequence layout's pad, oov, bos and eos, as Reddi et al. 2021 and
         FedJAX report next-token accuracy).
+      personal_splits: test (and validation) client k is training client k's
+        own held-out examples, so a personal model v_k can be evaluated on
+        client k's test data (Ditto); False: the test clients are others.
     """
 
     name: str
@@ -235,3 +238,4 @@ class FederatedDataset:
     description: str = ""
     input_vocab_size: int | None = None
     excluded_target_ids: tuple[int, ...] = ()
+    personal_splits: bool = False

@@ -7,8 +7,9 @@ misclassification error on the validation clients wins. A dataset without
 validation clients (FedProx Synthetic(1,1), whose test population is the
 training clients' own held-out examples) gets them from `hold_out_clients`.
 
-This is not `jaxfl.experiment.family.split_clients`, which splits every
-client's *examples* in two and keeps all clients on both sides.
+`split_client_examples` instead splits every client's *examples* in two and
+keeps all clients on both sides: the family's selection/evaluation parts, and
+the personal test data of `--client-split` (client k on both sides).
 """
 
 from __future__ import annotations
@@ -102,3 +103,40 @@ def hold_out_clients(
             f"held out as validation clients (seed {seed})"
         ),
     )
+
+
+def split_client_examples(
+    population: ClientPopulation, selection_fraction: float, seed: int
+) -> tuple[ClientPopulation, ClientPopulation]:
+    """Splits every client's examples into a selection and an evaluation part.
+
+    Client i's examples are shuffled (NumPy, seeded) and the first
+    max(1, floor(fraction * n_i)) go to selection, the rest to evaluation. A
+    client with a single example uses it for both (it has nothing else).
+
+    Returns:
+      (selection, evaluation): populations with the same clients in the same
+      order.
+    """
+    if not 0.0 < selection_fraction < 1.0:
+        raise ValueError(f"selection_fraction must be in (0, 1), got {selection_fraction}")
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(population.counts)
+    offsets = np.asarray(population.offsets)
+    features = {k: np.asarray(v) for k, v in population.features.items()}
+    select_rows, eval_rows, select_counts, eval_counts = [], [], [], []
+    for offset, count in zip(offsets, counts, strict=True):
+        rows = offset + rng.permutation(count)
+        cut = max(1, int(selection_fraction * count))
+        chosen, rest = rows[:cut], rows[cut:]
+        if rest.size == 0:
+            rest = chosen
+        select_rows.append(chosen)
+        eval_rows.append(rest)
+        select_counts.append(chosen.size)
+        eval_counts.append(rest.size)
+    select_rows = np.concatenate(select_rows)
+    eval_rows = np.concatenate(eval_rows)
+    selection = pack_arrays({k: v[select_rows] for k, v in features.items()}, np.asarray(select_counts))
+    evaluation = pack_arrays({k: v[eval_rows] for k, v in features.items()}, np.asarray(eval_counts))
+    return selection, evaluation

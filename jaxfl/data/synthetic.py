@@ -345,6 +345,7 @@ def fedprox_synthetic(
             "clients' held-out examples"
         )
     return FederatedDataset(
+        personal_splits=True,
         name=name,
         train=pack_clients(train_clients),
         test=pack_clients(test_clients),

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxfl.data.host import HostPopulation, client_blocks
 from jaxfl.data.population import ClientPopulation
-from jaxfl.training.local import ExampleStats, Task, client_means
+from jaxfl.training.local import ExampleStats, Task, client_loss_and_error, client_means
 from jaxfl.types import Params
 
 
@@ -85,6 +85,28 @@ def per_client_metrics(
     sums = ExampleStats(*jnp.unstack(totals, axis=1))
     loss, error = client_means(sums)
     return ClientMetrics(loss=loss, error=error, targets=sums.error_weight)
+
+
+def personal_client_metrics(
+    task: Task, personal: Params, population: ClientPopulation, *, group: int = 16
+) -> tuple[jax.Array, jax.Array]:
+    """Each client's loss and error under its own model: F_k(v_k) (Ditto).
+
+    Client k of `population` is evaluated with row k of `personal` (leaves
+    `[N, ...]`), by `client_loss_and_error` over its examples; `group`
+    clients at a time are vmapped (`lax.map` with a batch size), so memory is
+    that of `group` clients' activations, not of all N.
+
+    Returns:
+      (`[N]` mean loss, `[N]` misclassification error), float32.
+    """
+    ids = jnp.arange(population.num_clients, dtype=jnp.int32)
+
+    def one(args):
+        params, client_id = args
+        return client_loss_and_error(task, params, population, client_id)
+
+    return jax.lax.map(one, (personal, ids), batch_size=min(group, population.num_clients))
 
 
 def _block_metrics(task: Task, params: Params, block: ClientPopulation) -> ClientMetrics:

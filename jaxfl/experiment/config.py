@@ -185,6 +185,24 @@ class RunConfig:
         "fedavg", "qffl, afl-qffl: q-FedAvg or q-FedSGD (one full-batch step)",
         choices=("fedavg", "fedsgd"),
     )
+    lam: float = _field(
+        1.0,
+        "ditto: lambda >= 0 of the personal objective F_k(v) + lambda/2 ||v - w||^2 "
+        "(0: local models only)",
+        low=0.0,
+    )
+    ditto_global: str = _field(
+        "fedavg",
+        "ditto: the global algorithm G whose model the personal models are pulled to",
+        choices=("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl"),
+    )
+    client_split: float | None = _field(
+        None,
+        "personalization: hold out this fraction in (0, 1) of every training client's "
+        "examples as its own test data (test client k = training client k; the "
+        "dataset's test clients are not used)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
     afl_lambda_lr: float = _field(
         0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
         low=0.0, low_open=True,

@@ -25,7 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxfl.data.host import place_population
-from jaxfl.data.population import ClientPopulation, pack_arrays
+from jaxfl.data.population import ClientPopulation
+from jaxfl.data.splits import split_client_examples as split_clients
 from jaxfl.evaluation.per_client import per_client_metrics
 from jaxfl.evaluation.summaries import summarize
 from jaxfl.experiment.config import ConfigError, RunConfig, defer_warning, implied_setting
@@ -34,43 +35,6 @@ from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import setup
 from jaxfl.experiment.sweep import SweepPoint, run_sweep
 from jaxfl.training.local import Task
-
-
-def split_clients(
-    population: ClientPopulation, selection_fraction: float, seed: int
-) -> tuple[ClientPopulation, ClientPopulation]:
-    """Splits every client's examples into a selection and an evaluation part.
-
-    Client i's examples are shuffled (NumPy, seeded) and the first
-    max(1, floor(fraction * n_i)) go to selection, the rest to evaluation. A
-    client with a single example uses it for both (it has nothing else).
-
-    Returns:
-      (selection, evaluation): populations with the same clients in the same
-      order.
-    """
-    if not 0.0 < selection_fraction < 1.0:
-        raise ValueError(f"selection_fraction must be in (0, 1), got {selection_fraction}")
-    rng = np.random.default_rng(seed)
-    counts = np.asarray(population.counts)
-    offsets = np.asarray(population.offsets)
-    features = {k: np.asarray(v) for k, v in population.features.items()}
-    select_rows, eval_rows, select_counts, eval_counts = [], [], [], []
-    for offset, count in zip(offsets, counts, strict=True):
-        rows = offset + rng.permutation(count)
-        cut = max(1, int(selection_fraction * count))
-        chosen, rest = rows[:cut], rows[cut:]
-        if rest.size == 0:
-            rest = chosen
-        select_rows.append(chosen)
-        eval_rows.append(rest)
-        select_counts.append(chosen.size)
-        eval_counts.append(rest.size)
-    select_rows = np.concatenate(select_rows)
-    eval_rows = np.concatenate(eval_rows)
-    selection = pack_arrays({k: v[select_rows] for k, v in features.items()}, np.asarray(select_counts))
-    evaluation = pack_arrays({k: v[eval_rows] for k, v in features.items()}, np.asarray(eval_counts))
-    return selection, evaluation
 
 
 @dataclasses.dataclass

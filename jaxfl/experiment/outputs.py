@@ -104,23 +104,44 @@ def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> 
     """One row per client of every population: its examples, loss, error and counted targets.
 
     `targets` (the number of targets its error counts: examples, or real
-    tokens of sequences) pools the clients' errors into one accuracy.
+    tokens of sequences) pools the clients' errors into one accuracy. With
+    personal models (Ditto) each row also has `personal_loss` and
+    `personal_error`, the client's metrics under its own model (empty where a
+    population's clients have none); with an attack, `attacked` (1 for the
+    corrupted clients of the training population).
     """
+    extra = [
+        column
+        for column in ("personal_loss", "personal_error", "attacked")
+        if any(column in metrics for metrics in clients.values())
+    ]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["population", "client", "num_examples", "loss", "error", "targets"])
+        writer.writerow(["population", "client", "num_examples", "loss", "error", "targets", *extra])
         for population, metrics in clients.items():
             targets = metrics.get("targets", metrics["num_examples"])
             for i, (count, loss, error, counted) in enumerate(
                 zip(metrics["num_examples"], metrics["loss"], metrics["error"], targets, strict=True)
             ):
-                writer.writerow(
-                    [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}", int(counted)]
-                )
+                row = [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}", int(counted)]
+                for column in extra:
+                    value = metrics.get(column)
+                    if value is None:
+                        row.append("")
+                    elif column == "attacked":
+                        row.append(int(value[i]))
+                    else:
+                        row.append(f"{float(value[i]):.6g}")
+                writer.writerow(row)
 
 
 def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per algorithm: test error statistics (%) and train loss."""
+    """One row per algorithm: test error statistics (%) and train loss.
+
+    An algorithm with personal models gets a second row, `NAME (personal)`:
+    the clients' errors under their own models (on their own test data when
+    the dataset has it, else on their training data, labelled so).
+    """
     rows = []
     for name, summary in summaries.items():
         row = {"algorithm": name}
@@ -128,6 +149,16 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
             row[f"test_error_{label}"] = 100.0 * summary["test_error"][key]
         row["train_loss_mean"] = summary["train_loss"]["mean"]
         rows.append(row)
+        personal = summary.get("personal_test_error")
+        where = "personal"
+        if personal is None and "personal_train_error" in summary:
+            personal, where = summary["personal_train_error"], "personal, on train data"
+        if personal is not None:
+            row = {"algorithm": f"{name} ({where})"}
+            for key, label in TABLE_COLUMNS:
+                row[f"test_error_{label}"] = 100.0 * personal[key]
+            row["train_loss_mean"] = summary["personal_train_loss"]["mean"]
+            rows.append(row)
     return rows
 
 

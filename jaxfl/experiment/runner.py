@@ -29,7 +29,12 @@ from jaxfl.algorithms.registry import (
 from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import ClientPopulation, FederatedDataset
 from jaxfl.data.registry import load_dataset
-from jaxfl.evaluation.per_client import host_population_metrics, per_client_metrics
+from jaxfl.data.splits import split_client_examples
+from jaxfl.evaluation.per_client import (
+    host_population_metrics,
+    per_client_metrics,
+    personal_client_metrics,
+)
 from jaxfl.evaluation.summaries import summarize, within_range
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_round_fits, data_warnings
@@ -262,6 +267,8 @@ def setup(config: RunConfig) -> Setup:
         dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
+    if config.client_split is not None:
+        dataset = personal_test_split(dataset, config.client_split, config.seed)
     dataset, placement = place_dataset(dataset, config.residency)
     num_train = dataset.train.num_clients
     if config.clients_per_round > num_train:
@@ -382,6 +389,42 @@ _summarize_host = jax.jit(
 )
 
 
+def personal_test_split(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
+    """`--client-split`: every training client's examples split into train and its own test.
+
+    Client k keeps a `1 - fraction` share of its examples for training and
+    the rest becomes test client k (`jaxfl.data.splits.split_client_examples`,
+    seeded by the run's seed); the dataset's own test and validation clients are
+    not used. Personalization is evaluated this way (thesis section 5.8: each
+    device's 72/8/20 split).
+    """
+    if isinstance(dataset.train, HostPopulation):
+        raise ConfigError(
+            "client_split needs the training clients in memory; this dataset is read from the "
+            "on-disk cache in blocks"
+        )
+    train, test = split_client_examples(dataset.train, 1.0 - fraction, seed)
+    return dataclasses.replace(dataset, train=train, test=test, validation=None, personal_splits=True)
+
+
+def _evaluate_personal_models(task: Task, client_weighting: str, personal, populations):
+    """Summaries and per-client metrics of each client's own model v_k."""
+    summaries, clients = {}, {}
+    for name, population in populations.items():
+        loss, error = personal_client_metrics(task, personal, population)
+        weights = population.client_weights(client_weighting) if name == "train" else None
+        summaries[f"personal_{name}_loss"] = within_range(summarize(loss, weights), 0.0)
+        summaries[f"personal_{name}_error"] = within_range(summarize(error, weights), 0.0, 1.0)
+        clients[name] = {"personal_loss": loss, "personal_error": error}
+    return summaries, clients
+
+
+_evaluate_personal = jax.jit(_evaluate_personal_models, static_argnums=(0, 1))
+_evaluate_personal_batched = jax.jit(
+    jax.vmap(_evaluate_personal_models, in_axes=(None, None, 0, None)), static_argnums=(0, 1)
+)
+
+
 # Module-level jits with the task static: every run of a setup (several
 # algorithms, sweeps, the family) shares one compiled evaluation.
 _evaluate = jax.jit(_evaluate_populations, static_argnums=(0, 1))
@@ -393,11 +436,17 @@ _evaluate_batched = jax.jit(
 def make_evaluator(
     task: Task, dataset: FederatedDataset, client_weighting: str, *, batched: bool = False
 ) -> Callable[[Any], tuple[dict, dict]]:
-    """A compiled `params -> (summaries, per-client metrics)` for the dataset.
+    """A compiled `(params, personal=()) -> (summaries, per-client metrics)`.
 
     Training clients' summaries are weighted by alpha_i; test and validation
     clients count equally (004 Appendix C.3). With `batched=True` the
     parameters carry a leading sweep axis and every output gains that axis.
+
+    `personal`, per-client models (`ServerState.clients`, leaves `[N, ...]`,
+    Ditto), adds each client's metrics under its own model: summaries
+    `personal_train_loss`, `personal_train_error` and, when the dataset's test
+    (validation) client k is training client k (`personal_splits`), the same
+    for test (validation); per-client `personal_loss`, `personal_error`.
     """
     populations = {"train": dataset.train, "test": dataset.test}
     if dataset.validation is not None:
@@ -413,10 +462,22 @@ def make_evaluator(
         stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
         return stats, {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
 
-    def run(params):
+    personal_populations = {
+        name: population
+        for name, population in on_device.items()
+        if name == "train" or dataset.personal_splits
+    }
+    evaluate_personal = _evaluate_personal_batched if batched else _evaluate_personal
+
+    def run(params, personal=()):
         summaries, clients = jax.device_get(
             evaluate(task, client_weighting, params, on_device)
         )
+        personal_summaries, personal_clients = {}, {}
+        if jax.tree.leaves(personal):
+            personal_summaries, personal_clients = jax.device_get(
+                evaluate_personal(task, client_weighting, personal, personal_populations)
+            )
         for name, population in on_host.items():
             if batched:
                 # One sweep point after another, stacked as the batched path.
@@ -430,9 +491,11 @@ def make_evaluator(
             summaries[f"{name}_loss"], summaries[f"{name}_error"] = loss_stats, error_stats
             clients[name] = values
         summaries = {
-            f"{name}_{kind}": summaries[f"{name}_{kind}"]
+            f"{prefix}{name}_{kind}": source[f"{prefix}{name}_{kind}"]
+            for prefix, source in (("", summaries), ("personal_", personal_summaries))
             for name in populations
             for kind in ("loss", "error")
+            if f"{prefix}{name}_{kind}" in source
         }
         if not batched:
             summaries = {
@@ -441,7 +504,11 @@ def make_evaluator(
             }
         ordered = {}
         for name, population in populations.items():
-            ordered[name] = {"num_examples": np.asarray(population.counts), **clients[name]}
+            ordered[name] = {
+                "num_examples": np.asarray(population.counts),
+                **clients[name],
+                **personal_clients.get(name, {}),
+            }
         return summaries, ordered
 
     return run
@@ -806,7 +873,7 @@ def run_algorithm(
         progress.update(start_round)
 
     def on_evaluate(round_index, state, metrics):
-        summaries, clients = evaluate(state.params)
+        summaries, clients = evaluate(state.params, state.clients)
         latest.update(summaries=summaries, clients=clients)
         record = {
             "algorithm": name,

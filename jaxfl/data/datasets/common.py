@@ -106,6 +106,7 @@ def load_cached(
         input_vocab_size=metadata.get("input_vocab_size"),
         excluded_target_ids=tuple(metadata.get("excluded_target_ids", ())),
         description=metadata.get("description", ""),
+        personal_splits=bool(metadata.get("personal_splits", False)),
     )
 
 
