@@ -46,6 +46,7 @@ from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,
+    Robustness,
     weighted_averaging_algorithm,
 )
 from jaxfl.training.cohort import CohortResults, weighted_mean
@@ -84,6 +85,7 @@ def afl(
     num_clients: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
     """AFL by stochastic gradient descent-ascent (see the module docstring).
@@ -96,6 +98,7 @@ def afl(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       num_clients: N, the training clients the mixture is over; the round
         must be given a population of that size.
@@ -156,6 +159,7 @@ def afl(
         init_extra=lambda params: {
             "lambda": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
         },
+        robustness=robustness,
     )
 
     def round_fn(state, population, key):

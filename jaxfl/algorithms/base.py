@@ -40,6 +40,8 @@ class ServerState:
       clients: per-client state, leaves `[N, ...]` indexed by client id
         (Ditto's personal models), or (). The round gathers the cohort's rows
         and scatters them back.
+      aggregator: the server aggregator's state (centered clipping's last
+        aggregate), or ().
     """
 
     round: jax.Array
@@ -48,6 +50,7 @@ class ServerState:
     hparams: Mapping[str, jax.Array]
     extra: PyTree = ()
     clients: PyTree = ()
+    aggregator: PyTree = ()
 
 
 class FederatedAlgorithm(NamedTuple):

@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import ClientPlan, Cohort, weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import ClientPlan, Cohort, Robustness, weighted_averaging_algorithm
 from jaxfl.primitives import (
     dp_quantile,
     smoothed_superquantile_weights,
@@ -141,6 +141,7 @@ def deltafl(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
     reweighting: str = "exact",
@@ -163,6 +164,7 @@ def deltafl(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       reweighting: 'threshold', 'exact', 'dp' or 'smoothed' (static).
@@ -272,4 +274,5 @@ def deltafl(
             if uses_threshold
             else (lambda params: ())
         ),
+        robustness=robustness,
     )

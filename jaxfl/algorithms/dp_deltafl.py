@@ -72,6 +72,7 @@ from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,
+    Robustness,
     weighted_averaging_algorithm,
 )
 from jaxfl.primitives import dp_quantile
@@ -92,6 +93,7 @@ def dp_deltafl(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     dp_bins: int = 32,
     dp_bits: int = 32,
@@ -105,6 +107,7 @@ def dp_deltafl(
       local: static local-training shape.
       clients_per_round: m, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       dp_bins: b, histogram bins, a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
@@ -214,4 +217,5 @@ def dp_deltafl(
         plan_uses_loss=True,
         aggregate=aggregate,
         extra_hparam_defaults=defaults,
+        robustness=robustness,
     )

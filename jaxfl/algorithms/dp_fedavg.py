@@ -47,6 +47,7 @@ from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,
+    Robustness,
     weighted_averaging_algorithm,
 )
 from jaxfl.privacy.budget import NOISE_MULTIPLIER
@@ -65,6 +66,7 @@ def dp_fedavg(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
 ) -> FederatedAlgorithm:
     """DP-FedAvg (see the module docstring).
@@ -74,6 +76,7 @@ def dp_fedavg(
       local: static local-training shape.
       clients_per_round: m, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
 
     Returns:
@@ -116,4 +119,5 @@ def dp_fedavg(
         client_weighting="uniform",
         aggregate=aggregate,
         extra_hparam_defaults=DP_HPARAM_DEFAULTS,
+        robustness=robustness,
     )

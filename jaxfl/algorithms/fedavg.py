@@ -40,6 +40,7 @@ from jaxfl.algorithms.round_template import (
     ClientPlan,
     Cohort,
     Plan,
+    Robustness,
     weighted_averaging_algorithm,
 )
 from jaxfl.training.local import LocalTraining, Task
@@ -104,6 +105,7 @@ def fedavg(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
     stragglers: float = 0.0,
@@ -115,6 +117,7 @@ def fedavg(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction of each cohort that straggles and is dropped
@@ -134,4 +137,5 @@ def fedavg(
         plan=straggler_plan(
             clients_per_round, stragglers, local.num_epochs, keep=False
         ),
+        robustness=robustness,
     )

@@ -21,7 +21,7 @@ import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import random_subset_mask
-from jaxfl.algorithms.round_template import ClientPlan, Cohort, weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import ClientPlan, Cohort, Robustness, weighted_averaging_algorithm
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
@@ -38,6 +38,7 @@ def fedavg_sub(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
 ) -> FederatedAlgorithm:
@@ -51,6 +52,7 @@ def fedavg_sub(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
@@ -72,4 +74,5 @@ def fedavg_sub(
         client_weighting=client_weighting,
         plan=plan,
         extra_hparam_defaults={"theta": 0.5},
+        robustness=robustness,
     )

@@ -24,7 +24,7 @@ import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.round_template import weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
@@ -35,6 +35,7 @@ def fedprox(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
     stragglers: float = 0.0,
@@ -49,6 +50,7 @@ def fedprox(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction in [0, 1) of each cohort that straggles (static).
@@ -71,4 +73,5 @@ def fedprox(
         plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True),
         proximal=True,
         extra_hparam_defaults={"mu": 0.01},
+        robustness=robustness,
     )

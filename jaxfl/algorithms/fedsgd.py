@@ -21,7 +21,7 @@ from __future__ import annotations
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.round_template import weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -37,6 +37,7 @@ def fedsgd(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
 ) -> FederatedAlgorithm:
@@ -46,6 +47,7 @@ def fedsgd(
       task: model and loss.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
@@ -60,4 +62,5 @@ def fedsgd(
         strategy=strategy,
         server_tx=server_tx,
         client_weighting=client_weighting,
+        robustness=robustness,
     )

@@ -49,6 +49,7 @@ from jaxfl.algorithms.round_template import (
     Aggregation,
     ClientPlan,
     Cohort,
+    Robustness,
     weighted_averaging_algorithm,
 )
 from jaxfl.training.cohort import CohortResults
@@ -95,6 +96,7 @@ def qffl(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
     variant: str = "fedavg",
@@ -111,6 +113,7 @@ def qffl(
         step is one full-batch step).
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       variant: 'fedavg' (q-FedAvg, thesis Algorithm 4) or 'fedsgd'
@@ -165,4 +168,5 @@ def qffl(
         with_initial_loss=True,
         aggregate=aggregate,
         extra_hparam_defaults={"q": q},
+        robustness=robustness,
     )

@@ -38,7 +38,7 @@ from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.qffl import qffl
-from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
+from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.term import term
 from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
 from jaxfl.training.local import LocalTraining, Task
@@ -61,6 +61,7 @@ class Engine:
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       num_clients: N, the number of training clients (needed by algorithms
         with per-client server state, e.g. AFL's mixture weights).
+      robustness: the run's update attack and aggregator, or None.
     """
 
     task: Task
@@ -70,6 +71,7 @@ class Engine:
     server_tx: optax.GradientTransformation
     client_weighting: str
     num_clients: int | None = None
+    robustness: Robustness | None = None
 
 
 Builder = Callable[[Engine, Mapping[str, Any]], FederatedAlgorithm]
@@ -104,6 +106,7 @@ def _shared(engine: Engine) -> dict[str, Any]:
         strategy=engine.strategy,
         server_tx=engine.server_tx,
         client_weighting=engine.client_weighting,
+        robustness=engine.robustness,
     )
 
 
@@ -120,6 +123,7 @@ def _build_afl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm
         engine.num_clients,
         strategy=engine.strategy,
         server_tx=engine.server_tx,
+        robustness=engine.robustness,
     )
 
 
@@ -232,6 +236,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             engine.clients_per_round,
             strategy=engine.strategy,
             server_tx=engine.server_tx,
+            robustness=engine.robustness,
         ),
         "DP-FedAvg (McMahan et al. 2018): clipped updates, Gaussian noise, "
         "(epsilon, delta) client-level DP",
@@ -249,6 +254,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             dp_bits=options["dp_bits"],
             dp_scale=options["dp_scale"],
             count=options["dp_count"],
+            robustness=engine.robustness,
         ),
         "DP Delta-FL (004 Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",

@@ -16,6 +16,13 @@ server decides around local training,
 * `reweight(results, alpha, state, key)`, after training: only the weights
   of step 3 (tilted ERM).
 
+Robustness (`Robustness`, optional): the update attack of the run's
+corrupted clients forges their rows of the cohort's updates right after
+local training, for every algorithm (`jaxfl.attacks.attack_updates`, key
+`fold_in(keys.server, ATTACK_STREAM)`); the aggregator
+(`jaxfl.aggregators`) replaces the weighted mean of step 3 for the
+algorithms that average weighted updates (those with no `aggregate` hook).
+
 Keys: with `keys = round_keys(run_key, round)`, the cohort comes from
 `keys.sampling`, client i's local training from `fold_in(keys.clients, i)`,
 the plan's key is `split(keys.server)[0]` and the aggregation's (and
@@ -27,12 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from jaxfl.aggregators import Aggregator
 from jaxfl.algorithms.base import (
     FederatedAlgorithm,
     ServerState,
@@ -45,6 +54,7 @@ from jaxfl.algorithms.base import (
 from jaxfl.algorithms.plans import (
     cohort_losses,
 )
+from jaxfl.attacks import attack_updates
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortResults,
@@ -56,6 +66,28 @@ from jaxfl.training.cohort import (
 from jaxfl.training.local import LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params, PyTree
+
+# fold_in data of the attack's key (apart from the plan's and aggregation's).
+ATTACK_STREAM = 0x41545441
+
+
+class Robustness(NamedTuple):
+    """Attacks and robust aggregation in the round (both optional).
+
+    Attributes:
+      aggregator: replaces the weighted mean of the updates (None: the mean).
+      attack: an update attack of `jaxfl.attacks.UPDATE_ATTACKS`, or None
+        (data attacks are applied to the population before the run).
+      attack_options: the attack's options.
+      attacked: `[N]` bool, the run's corrupted clients (chosen once per run),
+        indexed by client id; needed with an attack.
+    """
+
+    aggregator: Aggregator | None = None
+    attack: str | None = None
+    attack_options: Mapping[str, Any] | None = None
+    attacked: np.ndarray | None = None
+
 
 # Local-training hyperparameters every algorithm of this family takes.
 LOCAL_HPARAM_DEFAULTS = {
@@ -112,12 +144,14 @@ class Aggregation(NamedTuple):
         nonzero entries is the `clients_with_weight` metric).
       extra: the new algorithm-specific state.
       metrics: extra round metrics.
+      aggregator_state: the aggregator's new state, or None: unchanged.
     """
 
     mean_delta: Params
     weights: jax.Array
     extra: PyTree
     metrics: Metrics
+    aggregator_state: PyTree = None
 
 
 # reweight(results, alpha, state, key) -> (weights [M], extra, metrics)
@@ -158,6 +192,7 @@ def weighted_averaging_algorithm(
     init_extra: Callable[[Params], PyTree] = lambda params: (),
     proximal: bool = False,
     use_l2: bool = True,
+    robustness: Robustness | None = None,
 ) -> FederatedAlgorithm:
     """Builds a round that samples, plans, trains, aggregates, steps.
 
@@ -192,6 +227,8 @@ def weighted_averaging_algorithm(
       init_extra: initial algorithm-specific state.
       proximal: include FedProx's proximal term (hyperparameter 'mu').
       use_l2: include the l2 term in local steps (hyperparameter 'l2').
+      robustness: the run's update attack and aggregator (see the module
+        docstring), or None.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -209,6 +246,21 @@ def weighted_averaging_algorithm(
         raise ValueError("give either reweight or aggregate, not both")
     if plan_uses_loss and plan is None:
         raise ValueError("plan_uses_loss needs a plan")
+    robustness = robustness or Robustness()
+    aggregator = robustness.aggregator
+    if aggregator is not None and aggregator.name == "mean":
+        aggregator = None  # The template's own weighted mean, bit for bit.
+    if aggregator is not None and aggregate is not None:
+        raise ValueError(
+            f"{name} computes its own server update; aggregator {aggregator.name!r} applies to "
+            "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
+            "term, deltafl, ditto)"
+        )
+    attacked = None
+    if robustness.attack is not None:
+        if robustness.attacked is None:
+            raise ValueError("an attack needs the corrupted clients (Robustness.attacked)")
+        attacked = np.asarray(robustness.attacked, bool)
     server_tx = server_tx or server_optimizer("sgd", 1.0)
     defaults = {**LOCAL_HPARAM_DEFAULTS, **(extra_hparam_defaults or {})}
     if proximal:
@@ -221,6 +273,7 @@ def weighted_averaging_algorithm(
             opt_state=server_tx.init(params),
             hparams=resolve_hparams(defaults, hparams),
             extra=init_extra(params),
+            aggregator=aggregator.init(params) if aggregator is not None else (),
         )
 
     def default_aggregate(results, cohort, client_plan, state, key):
@@ -232,8 +285,14 @@ def weighted_averaging_algorithm(
             )
         else:
             weights, extra, metrics = reweight(results, cohort.alpha, state, key)
+        if aggregator is None:
+            return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
+        losses = results.mean_batch_loss if aggregator.uses_losses else None
+        update, aggregator_state, aggregator_metrics = aggregator.aggregate(
+            results.deltas, weights, state.aggregator, losses=losses
+        )
         return Aggregation(
-            weighted_mean(results.deltas, weights), weights, extra, metrics
+            update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state
         )
 
     def round_fn(
@@ -288,6 +347,20 @@ def weighted_averaging_algorithm(
                 raise ValueError(f"{name}: a plan that sets epochs cannot run after training")
             if client_plan.extra is not None:
                 state = dataclasses.replace(state, extra=client_plan.extra)
+        if attacked is not None:
+            # The corrupted clients forge their updates; a client without
+            # weight takes no part (and is left as it is).
+            is_attacked = jnp.asarray(attacked)[client_ids]
+            results = results._replace(
+                deltas=attack_updates(
+                    robustness.attack,
+                    results.deltas,
+                    is_attacked,
+                    default_weights(cohort, client_plan),
+                    jax.random.fold_in(keys.server, ATTACK_STREAM),
+                    options=robustness.attack_options,
+                )
+            )
         aggregation = (aggregate or default_aggregate)(
             results, cohort, client_plan, state, aggregate_key
         )
@@ -319,6 +392,10 @@ def weighted_averaging_algorithm(
             hparams=state.hparams,
             extra=aggregation.extra,
             clients=state.clients,
+            aggregator=(
+                state.aggregator if aggregation.aggregator_state is None
+                else aggregation.aggregator_state
+            ),
         )
         return new_state, metrics
 

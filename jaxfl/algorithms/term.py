@@ -26,7 +26,7 @@ from __future__ import annotations
 import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import weighted_averaging_algorithm
+from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
 from jaxfl.primitives import tilted_risk_weights
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
@@ -40,6 +40,7 @@ def term(
     clients_per_round: int,
     *,
     strategy: ClientStrategy,
+    robustness: Robustness | None = None,
     server_tx: optax.GradientTransformation | None = None,
     client_weighting: str = "num_examples",
 ) -> FederatedAlgorithm:
@@ -53,6 +54,7 @@ def term(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
 
@@ -78,4 +80,5 @@ def term(
         with_initial_loss=True,
         reweight=reweight,
         extra_hparam_defaults={"tilt": 1.0},
+        robustness=robustness,
     )

@@ -149,10 +149,17 @@ def check_round_fits(
         f"{config.model} ({num_parameters:,} parameters) for {at_once} clients at once "
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
+    if "ditto" in config.algorithms:
+        # One float32 personal model per training client, held with the state
+        # (docs/personalization.md).
+        personal = dataset.train.num_clients * num_parameters * 4
+        needed += personal
+        what += f" with ditto's {dataset.train.num_clients:,} personal models ({personal:,} bytes)"
     try:
         check_memory(
             needed, what, available=available, resource=resource,
-            hint="lower batch_size, clients_per_round or the model's size, or use --strategy sequential",
+            hint="lower batch_size, clients_per_round or the model's size, or use --strategy sequential"
+            + ("; ditto: fewer training clients" if "ditto" in config.algorithms else ""),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -25,6 +25,14 @@ MODEL_NAMES = (
     "deltafl-convnet", "char-lstm", "char-gru", "word-lstm", "transformer", "sent140-lstm",
     "mean-embedding-logistic",
 )
+AGGREGATOR_NAMES = (
+    "mean", "median", "trimmed-mean", "krum", "multi-krum", "norm-clipping", "k-norm", "k-loss",
+    "centered-clipping", "geometric-median",
+)
+DATA_ATTACK_NAMES = ("random-labels", "label-flip", "label-shift-7", "negate-inputs", "invert-inputs")
+UPDATE_ATTACK_NAMES = (
+    "random-updates", "model-replacement", "sign-flip", "gaussian", "omniscient", "alie", "ipm",
+)
 TASK_PRESETS = (
     "shakespeare-fedavg", "shakespeare-deltafl", "emnist-cr", "femnist-leaf", "stackoverflow-nwp",
     "stackoverflow-lr", "cifar100-resnet", "sent140-lstm", "fmnist-dirichlet",
@@ -202,6 +210,61 @@ class RunConfig:
         "examples as its own test data (test client k = training client k; the "
         "dataset's test clients are not used)",
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
+    # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
+    aggregator: str = _field(
+        "mean", "how the server combines the cohort's updates (algorithms that average "
+        "weighted updates)", choices=AGGREGATOR_NAMES,
+    )
+    byzantine: int = _field(
+        0, "krum, multi-krum, k-norm, k-loss: f, the corrupted clients expected per cohort", low=0,
+    )
+    krum_selected: int = _field(0, "multi-krum: m updates averaged (0: n - f)", low=0)
+    trim_fraction: float = _field(
+        0.1, "trimmed-mean: fraction beta in [0, 0.5) trimmed from each end", low=0.0, high=0.5,
+        high_open=True,
+    )
+    clipping_radius: float = _field(
+        10.0, "centered-clipping: radius tau > 0", low=0.0, low_open=True,
+    )
+    clipping_iterations: int = _field(1, "centered-clipping: iterations L >= 1", low=1, high=1000)
+    weiszfeld_smoothing: float = _field(
+        1e-6, "geometric-median: smoothing nu > 0 of Weiszfeld's weights", low=0.0, low_open=True,
+    )
+    weiszfeld_iterations: int = _field(
+        4, "geometric-median: at most this many Weiszfeld iterations", low=1, high=1000,
+    )
+    weiszfeld_tolerance: float = _field(
+        1e-6, "geometric-median: stop when the objective changes by less than this fraction",
+        low=0.0,
+    )
+    # Attacks by corrupted clients (jaxfl.attacks; docs/attacks.md).
+    attack: str | None = _field(
+        None, "what the corrupted clients do: a data attack (once, on their training "
+        "examples) or an update attack (in every round)",
+        choices=(*DATA_ATTACK_NAMES, *UPDATE_ATTACK_NAMES), optional=True,
+    )
+    attack_data: str | None = _field(
+        None, "a data attack the corrupted clients also apply with an update attack (thesis "
+        "A2/A3 as the authors ran them: random-labels)",
+        choices=DATA_ATTACK_NAMES, optional=True,
+    )
+    attack_fraction: float = _field(
+        0.2, "fraction in [0, 1] of the corrupted clients (or examples, --attack-unit)",
+        low=0.0, high=1.0,
+    )
+    attack_unit: str = _field(
+        "clients", "attack_fraction counts clients (thesis) or examples (RFA)",
+        choices=("clients", "examples"),
+    )
+    attack_scale: float | None = _field(
+        None, "model-replacement: scale (unset: clients per round); sign-flip: scale (unset: 1)",
+        low=0.0, low_open=True, optional=True,
+    )
+    attack_std: float = _field(1.0, "gaussian attack: std > 0", low=0.0, low_open=True)
+    attack_epsilon: float = _field(0.1, "ipm attack: epsilon > 0", low=0.0, low_open=True)
+    alie_z: float | None = _field(
+        None, "alie attack: z (unset: Baruch et al.'s z from n and f)", optional=True,
     )
     afl_lambda_lr: float = _field(
         0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",

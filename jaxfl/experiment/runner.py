@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, server_optimizer
@@ -41,6 +42,7 @@ from jaxfl.experiment.checks import check_round_fits, data_warnings
 from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
+from jaxfl.experiment.robustness import attack_record, run_robustness
 from jaxfl.models.networks import count_parameters, make_model
 from jaxfl.training.host_cohorts import CohortStream
 from jaxfl.training.local import LocalTraining, Task
@@ -58,6 +60,7 @@ class Setup:
     hparams: dict[str, dict[str, float]]  # algorithm name -> its init hparams
     ignored_settings: tuple[str, ...] = ()  # set, but no chosen algorithm uses them
     placement: Placement | None = None  # where the training clients' examples live
+    corrupted: np.ndarray | None = None  # [N] bool: the attack's corrupted training clients
 
 
 @dataclasses.dataclass
@@ -269,6 +272,7 @@ def setup(config: RunConfig) -> Setup:
         raise ConfigError(str(error).splitlines()[0]) from None
     if config.client_split is not None:
         dataset = personal_test_split(dataset, config.client_split, config.seed)
+    robustness, dataset, corrupted = run_robustness(config, dataset)
     dataset, placement = place_dataset(dataset, config.residency)
     num_train = dataset.train.num_clients
     if config.clients_per_round > num_train:
@@ -303,6 +307,7 @@ def setup(config: RunConfig) -> Setup:
         server_tx=run_server_optimizer(config),
         client_weighting=config.client_weighting,
         num_clients=num_train,
+        robustness=robustness,
     )
     # Before anything of the round is allocated (docs/reliability.md).
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
@@ -335,7 +340,7 @@ def setup(config: RunConfig) -> Setup:
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
         warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
-    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement)
+    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted)
 
 
 def placement_line(run_setup: Setup) -> str:
@@ -370,12 +375,25 @@ def place_dataset(dataset: FederatedDataset, residency: str) -> tuple[FederatedD
     return dataclasses.replace(dataset, **placed), placement
 
 
-def _evaluate_populations(task: Task, client_weighting: str, params, populations):
-    """Summaries and per-client metrics of `params` on each population."""
+def _summary_weights(name, population, client_weighting, benign):
+    """alpha_i for training clients, equal weights for the others; times the benign mask if any."""
+    weights = population.client_weights(client_weighting) if name == "train" else None
+    if benign is None:
+        return weights
+    return benign if weights is None else weights * benign
+
+
+def _evaluate_populations(task: Task, client_weighting: str, params, populations, benign=None):
+    """Summaries and per-client metrics of `params` on each population.
+
+    `benign` (population name -> `[N]` float32 0/1, or None) restricts the
+    summaries to the benign clients of a run with an attack.
+    """
+    benign = benign or {}
     summaries, clients = {}, {}
     for name, population in populations.items():
         metrics = per_client_metrics(task, params, population)
-        weights = population.client_weights(client_weighting) if name == "train" else None
+        weights = _summary_weights(name, population, client_weighting, benign.get(name))
         summaries[f"{name}_loss"] = within_range(summarize(metrics.loss, weights), 0.0)
         summaries[f"{name}_error"] = within_range(summarize(metrics.error, weights), 0.0, 1.0)
         clients[name] = {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
@@ -407,12 +425,13 @@ def personal_test_split(dataset: FederatedDataset, fraction: float, seed: int) -
     return dataclasses.replace(dataset, train=train, test=test, validation=None, personal_splits=True)
 
 
-def _evaluate_personal_models(task: Task, client_weighting: str, personal, populations):
+def _evaluate_personal_models(task: Task, client_weighting: str, personal, populations, benign=None):
     """Summaries and per-client metrics of each client's own model v_k."""
+    benign = benign or {}
     summaries, clients = {}, {}
     for name, population in populations.items():
         loss, error = personal_client_metrics(task, personal, population)
-        weights = population.client_weights(client_weighting) if name == "train" else None
+        weights = _summary_weights(name, population, client_weighting, benign.get(name))
         summaries[f"personal_{name}_loss"] = within_range(summarize(loss, weights), 0.0)
         summaries[f"personal_{name}_error"] = within_range(summarize(error, weights), 0.0, 1.0)
         clients[name] = {"personal_loss": loss, "personal_error": error}
@@ -421,7 +440,7 @@ def _evaluate_personal_models(task: Task, client_weighting: str, personal, popul
 
 _evaluate_personal = jax.jit(_evaluate_personal_models, static_argnums=(0, 1))
 _evaluate_personal_batched = jax.jit(
-    jax.vmap(_evaluate_personal_models, in_axes=(None, None, 0, None)), static_argnums=(0, 1)
+    jax.vmap(_evaluate_personal_models, in_axes=(None, None, 0, None, None)), static_argnums=(0, 1)
 )
 
 
@@ -429,12 +448,17 @@ _evaluate_personal_batched = jax.jit(
 # algorithms, sweeps, the family) shares one compiled evaluation.
 _evaluate = jax.jit(_evaluate_populations, static_argnums=(0, 1))
 _evaluate_batched = jax.jit(
-    jax.vmap(_evaluate_populations, in_axes=(None, None, 0, None)), static_argnums=(0, 1)
+    jax.vmap(_evaluate_populations, in_axes=(None, None, 0, None, None)), static_argnums=(0, 1)
 )
 
 
 def make_evaluator(
-    task: Task, dataset: FederatedDataset, client_weighting: str, *, batched: bool = False
+    task: Task,
+    dataset: FederatedDataset,
+    client_weighting: str,
+    *,
+    batched: bool = False,
+    corrupted: np.ndarray | None = None,
 ) -> Callable[[Any], tuple[dict, dict]]:
     """A compiled `(params, personal=()) -> (summaries, per-client metrics)`.
 
@@ -447,6 +471,10 @@ def make_evaluator(
     `personal_train_loss`, `personal_train_error` and, when the dataset's test
     (validation) client k is training client k (`personal_splits`), the same
     for test (validation); per-client `personal_loss`, `personal_error`.
+
+    `corrupted` (`[N]` bool, a run with an attack) leaves the corrupted
+    training clients (and, with `personal_splits`, their test and validation
+    data) out of the summaries, and marks them `attacked` per client.
     """
     populations = {"train": dataset.train, "test": dataset.test}
     if dataset.validation is not None:
@@ -462,6 +490,14 @@ def make_evaluator(
         stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
         return stats, {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
 
+    marked = {}
+    if corrupted is not None:
+        marked = {
+            name: np.asarray(corrupted, bool)
+            for name in populations
+            if name == "train" or dataset.personal_splits
+        }
+    benign = {name: jnp.asarray(~mask, jnp.float32) for name, mask in marked.items() if name in on_device}
     personal_populations = {
         name: population
         for name, population in on_device.items()
@@ -471,12 +507,12 @@ def make_evaluator(
 
     def run(params, personal=()):
         summaries, clients = jax.device_get(
-            evaluate(task, client_weighting, params, on_device)
+            evaluate(task, client_weighting, params, on_device, benign)
         )
         personal_summaries, personal_clients = {}, {}
         if jax.tree.leaves(personal):
             personal_summaries, personal_clients = jax.device_get(
-                evaluate_personal(task, client_weighting, personal, personal_populations)
+                evaluate_personal(task, client_weighting, personal, personal_populations, benign)
             )
         for name, population in on_host.items():
             if batched:
@@ -509,6 +545,8 @@ def make_evaluator(
                 **clients[name],
                 **personal_clients.get(name, {}),
             }
+            if name in marked:
+                ordered[name]["attacked"] = marked[name]
         return summaries, ordered
 
     return run
@@ -867,7 +905,9 @@ def run_algorithm(
     round_fn = compile_rounds(
         monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)
     )
-    evaluate = make_evaluator(engine.task, run_setup.dataset, engine.client_weighting)
+    evaluate = make_evaluator(
+        engine.task, run_setup.dataset, engine.client_weighting, corrupted=run_setup.corrupted
+    )
     latest: dict[str, Any] = {"summaries": {}, "clients": {}}
     if progress is not None and start_round:
         progress.update(start_round)
@@ -922,6 +962,9 @@ def run_algorithm(
         "strategy": engine.strategy.describe(),
         "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
+    attack = attack_record(config, run_setup.corrupted)
+    if attack is not None:
+        summary["attack"] = attack
     if diverged:
         summary["diverged"] = diverged
         summary["evaluated_round"] = history[-1]["round"] if history else None

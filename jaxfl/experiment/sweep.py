@@ -34,6 +34,7 @@ import numpy as np
 from jaxfl.algorithms.base import ServerState
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
+from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.runner import (
     Checkpointing,
     RunResult,
@@ -140,8 +141,9 @@ def batched_evaluator(run_setup: Setup) -> Callable:
     evaluators = entry[1]
     key = (engine.task, engine.client_weighting)
     if key not in evaluators:
+        # The corrupted clients depend on the dataset's setup (seed, attack), as the dataset does.
         evaluators[key] = make_evaluator(
-            engine.task, dataset, engine.client_weighting, batched=True
+            engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted
         )
     return evaluators[key]
 
@@ -273,6 +275,9 @@ def run_sweep(
         }
         if diverged:
             summary["diverged"] = diverged
+        attack = attack_record(run_setup.config, run_setup.corrupted)
+        if attack is not None:
+            summary["attack"] = attack
         privacy = privacy_spent(
             run_setup, name, {k: float(v) for k, v in jax.device_get(state.hparams).items()}, config.rounds
         )

@@ -50,6 +50,8 @@ def test_the_issue_s_cli_names_are_registered():
         # Issue 6: end-to-end differential privacy.
         "dp-fedavg",
         "dp-deltafl",
+        # Issue 12: personalization.
+        "ditto",
     } == set(algorithm_names())
 
 

@@ -66,7 +66,7 @@ FLAGS = [
 # Three comparisons of three algorithms: every algorithm runs, and runs of
 # several algorithms give each its own hyperparameters.
 GROUPS = [
-    ["fedavg", "fedavg-sub", "deltafl"],
+    ["fedavg", "fedavg-sub", "deltafl", "ditto"],
     ["fedsgd", "fedprox", "qffl"],
     ["afl", "afl-qffl", "term"],
     ["dp-fedavg", "dp-deltafl"],

@@ -3,7 +3,9 @@
 Images become float32 in [0, 1], `[H, W, C]` (28x28x1 or 32x32x3); labels
 int32. Clients come from a partitioner (`jaxfl.data.datasets.centralized`),
 except CIFAR-100 from TFF's files, which has TFF's own federated split
-(`jaxfl.data.datasets.tff_cifar100`).
+(`jaxfl.data.datasets.tff_cifar100`), and Fashion-MNIST's
+`partition='ditto'`, the 500 devices of Ditto's experiments (thesis Table
+5.4, `ditto_partition`), whose inputs are z-scored instead.
 
 Files (the format is recognized by name):
 
@@ -22,6 +24,7 @@ Files (the format is recognized by name):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,15 +36,33 @@ from jaxfl.data.datasets.centralized import (
     partition_summary,
     write_partitioned,
 )
-from jaxfl.data.datasets.common import check_data_dir, find_file, load_cached, missing, search_directories
+from jaxfl.data.datasets.common import (
+    check_data_dir,
+    check_positive_int,
+    find_file,
+    load_cached,
+    missing,
+    progress_bar,
+    search_directories,
+)
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.checksums import verify_published
 from jaxfl.data.formats.cifar import read_cifar
 from jaxfl.data.formats.idx import read_idx
+from jaxfl.data.partition import partition_statistics
 from jaxfl.data.population import FederatedDataset
 
 # Bump when a converter's output changes for the same files and options.
 _CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
+
+# Fashion-MNIST's partition='ditto' (`ditto_partition`): the constants of the
+# authors' litian96/ditto data/fmnist/create_dataset.py.
+DITTO_PARTITION = "ditto"
+DITTO_NUM_CLIENTS = 500
+DITTO_SEED = 233  # np.random.seed(233)
+DITTO_CLASSES_PER_CLIENT = 5
+DITTO_TOTAL_TRAIN = 60_000  # the lognormal sizes are normalized to this total
+DITTO_SPLIT = (0.72, 0.08, 0.20)  # train / validation / test of each device (thesis App. 5.7.4)
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -85,6 +106,21 @@ def _verify(path: Path, what: str, enabled: bool) -> None:
         raise DataFileError(f"{error}; --dataset-option verify_checksums=false uses it anyway") from None
 
 
+def _read_idx_splits(files: dict[str, Path], title: str, verify: bool) -> dict[str, np.ndarray]:
+    """The four IDX arrays (checksums verified when asked), images and labels checked to match."""
+    for path in files.values():
+        _verify(path, f"{title} {path.name}", verify)
+    arrays = {key: read_idx(path) for key, path in files.items()}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
+            raise DataFileError(
+                f"{files[split + '_images']}: {images.shape[0]} images of shape {images.shape[1:]} "
+                f"do not match the {labels.shape[0]} labels of {files[split + '_labels'].name}"
+            )
+    return arrays
+
+
 def _idx_dataset(
     dataset: str, title: str, data_dir, defaults: Sequence[str], options: dict, verify: bool
 ) -> FederatedDataset:
@@ -92,16 +128,7 @@ def _idx_dataset(
     files = _find_idx(dataset, data_dir, defaults)
 
     def build(builder):
-        for path in files.values():
-            _verify(path, f"{title} {path.name}", verify)
-        arrays = {key: read_idx(path) for key, path in files.items()}
-        for split in ("train", "test"):
-            images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
-            if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-                raise DataFileError(
-                    f"{files[split + '_images']}: {images.shape[0]} images of shape {images.shape[1:]} "
-                    f"do not match the {labels.shape[0]} labels of {files[split + '_labels'].name}"
-                )
+        arrays = _read_idx_splits(files, title, verify)
         train = {"x": _images(arrays["train_images"]), "y": arrays["train_labels"].astype(np.int32)}
         test = {"x": _images(arrays["test_images"]), "y": arrays["test_labels"].astype(np.int32)}
         statistics = write_partitioned(builder, train, test, options, description=dataset)
@@ -115,10 +142,180 @@ def _idx_dataset(
     return load_cached(dataset, options, list(files.values()), build, converter_version=_CONVERTER_VERSION)
 
 
+# ---------------------------------------------------------------------------
+# Fashion-MNIST as Ditto's experiments partition it (thesis chapter 5).
+
+
+def ditto_allocation(num_clients: int = DITTO_NUM_CLIENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The classes and per-class example counts of Ditto's Fashion-MNIST devices.
+
+    The draws of the authors' `data/fmnist/create_dataset.py` (litian96/ditto;
+    thesis-spec 8.3), in their order, from NumPy's legacy generator seeded
+    233 (their `np.random.seed(233)`):
+
+    1. sizes `n = lognormal(3, 1, N) + 10`, scaled to sum to 60,000;
+    2. for each device k in turn, proportions `p = lognormal(1, 1, 5)`,
+       normalized; device k holds classes `(k + j) mod 10`, j = 0..4, with
+       `int(p_j n_k) + 1` training and `int(p_j n_k / 6) + 1` test examples
+       of class `(k + j) mod 10`.
+
+    Sums are Python's `sum` over the arrays, as the script's (sequential, not
+    NumPy's pairwise: the truncations `int(...)` see the same floats).
+
+    Args:
+      num_clients: N devices (the thesis: 500).
+
+    Returns:
+      `classes [N, 5]` int64, `train_counts [N, 5]` and `test_counts [N, 5]`
+      int64 (each count >= 1).
+    """
+    num_clients = check_positive_int("num_clients", num_clients)
+    random = np.random.RandomState(DITTO_SEED)
+    sizes = random.lognormal(3, 1, num_clients) + 10
+    sizes = DITTO_TOTAL_TRAIN * sizes / sum(sizes)
+    per = DITTO_CLASSES_PER_CLIENT
+    classes = np.zeros((num_clients, per), np.int64)
+    train_counts = np.zeros((num_clients, per), np.int64)
+    test_counts = np.zeros((num_clients, per), np.int64)
+    for k in range(num_clients):
+        proportions = random.lognormal(1, 1, per)
+        proportions = proportions / sum(proportions)
+        for j in range(per):
+            classes[k, j] = (k + j) % 10
+            train_counts[k, j] = int(proportions[j] * sizes[k]) + 1
+            test_counts[k, j] = int(proportions[j] * sizes[k] / 6) + 1
+    return classes, train_counts, test_counts
+
+
+def _take_sequentially(
+    labels: np.ndarray, classes: np.ndarray, counts: np.ndarray, num_classes: int = 10
+) -> list[np.ndarray]:
+    """Each device's rows of a split: per class, the next `count` rows of that class's pool.
+
+    A class's pool is its rows in file order; a draw that would run past the
+    pool's end starts again at its beginning (the script's wrap-around).
+    """
+    pools = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    position = np.zeros(num_classes, np.int64)
+    rows = []
+    for device_classes, device_counts in zip(classes, counts, strict=True):
+        parts = []
+        for c, count in zip(device_classes, device_counts, strict=True):
+            pool = pools[c]
+            if count > pool.size:
+                raise DataFileError(f"class {c} has {pool.size} examples, a device needs {count}")
+            if position[c] + count > pool.size:
+                position[c] = 0
+            parts.append(pool[position[c] : position[c] + count])
+            position[c] += count
+        rows.append(np.concatenate(parts))
+    return rows
+
+
+def ditto_partition(
+    train_labels: np.ndarray, test_labels: np.ndarray, num_clients: int = DITTO_NUM_CLIENTS
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Rows of the official train and test splits each Ditto device draws (`ditto_allocation`).
+
+    Returns:
+      (train rows, test rows): per device, indices into `train_labels` and
+      into `test_labels`, class by class in the device's class order. Pools
+      wrap around, so a row can belong to several devices (never twice to one).
+    """
+    classes, train_counts, test_counts = ditto_allocation(num_clients)
+    return (
+        _take_sequentially(np.asarray(train_labels), classes, train_counts),
+        _take_sequentially(np.asarray(test_labels), classes, test_counts),
+    )
+
+
+def ditto_split_sizes(size: int) -> tuple[int, int, int]:
+    """(train, validation, test) examples of a device of `size` examples: 72/8/20, rounded.
+
+    Validation and test are `floor(f * size + 0.5)`, at least 1 each; train
+    is the rest (>= 1 for size >= 3).
+    """
+    _, val_fraction, test_fraction = DITTO_SPLIT
+    num_val = max(math.floor(val_fraction * size + 0.5), 1)
+    num_test = max(math.floor(test_fraction * size + 0.5), 1)
+    num_train = size - num_val - num_test
+    if num_train < 1:
+        raise ValueError(f"a device of {size} examples cannot be split 72/8/20")
+    return num_train, num_val, num_test
+
+
+def _ditto_dataset(
+    dataset: str, title: str, data_dir, defaults: Sequence[str], options: dict, verify: bool
+) -> FederatedDataset:
+    """`partition='ditto'` (see `fashion_mnist`): the authors' devices, each split 72/8/20."""
+    data_dir = check_data_dir(data_dir, dataset)
+    files = _find_idx(dataset, data_dir, defaults)
+    num_clients, seed = options["num_clients"], options["seed"]
+
+    def build(builder):
+        arrays = _read_idx_splits(files, title, verify)
+        train_labels = arrays["train_labels"].astype(np.int32)
+        test_labels = arrays["test_labels"].astype(np.int32)
+        # The script's normalization: per pixel, with the training split's float32
+        # mean and standard deviation (+ 0.001), applied to both splits.
+        flat = arrays["train_images"].reshape(len(train_labels), -1).astype(np.float32)
+        mean, std = np.mean(flat, 0), np.std(flat, 0)
+        shape = (*arrays["train_images"].shape[1:], 1)
+
+        def z_score(images):
+            z = (images.reshape(len(images), -1).astype(np.float32) - mean) / (std + np.float32(0.001))
+            return z.reshape(len(images), *shape)
+
+        x_train, x_test = z_score(arrays["train_images"]), z_score(arrays["test_images"])
+        train_rows, test_rows = ditto_partition(train_labels, test_labels, num_clients)
+        order = np.random.default_rng(seed)
+        names = ("train", "validation", "test")
+        writers = {name: builder.population(name) for name in names}
+        labels = {name: [] for name in names}
+        with progress_bar(num_clients, f"{dataset}: ditto devices") as bar:
+            for k in range(num_clients):
+                bar.update(1)
+                x = np.concatenate([x_train[train_rows[k]], x_test[test_rows[k]]])
+                y = np.concatenate([train_labels[train_rows[k]], test_labels[test_rows[k]]])
+                permutation = order.permutation(len(y))
+                x, y = x[permutation], y[permutation]
+                ends = np.cumsum(ditto_split_sizes(len(y)))
+                for name, start, end in zip(names, (0, *ends[:2]), ends, strict=True):
+                    writers[name].add(f"f_{k:05d}", {"x": x[start:end], "y": y[start:end]})
+                    labels[name].append(y[start:end])
+        statistics = {}
+        for name in names:
+            sizes = np.array([part.size for part in labels[name]])
+            bounds = np.concatenate([[0], np.cumsum(sizes)])
+            parts = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            statistics[name] = partition_statistics(np.concatenate(labels[name]), parts, 10)
+        return {
+            "num_classes": 10,
+            "input_shape": list(shape),
+            "description": (
+                f"{title} from {files['train_images'].parent}: {ditto_summary(num_clients, seed)}"
+            ),
+            "statistics": statistics,
+            "personal_splits": True,
+        }
+
+    return load_cached(dataset, options, list(files.values()), build, converter_version=_CONVERTER_VERSION)
+
+
+def ditto_summary(num_clients: int, seed: int) -> str:
+    """One line saying how the 'ditto' partition's devices were made."""
+    return (
+        f"Ditto's partition (thesis Table 5.4, litian96/ditto create_dataset.py): {num_clients} devices of "
+        f"5 classes (k+j) mod 10, lognormal sizes and class proportions (seed {DITTO_SEED}), inputs "
+        f"z-scored per pixel; each device's examples split 72/8/20 train/validation/test (seed {seed}); "
+        "test and validation client k are training client k"
+    )
+
+
 def fashion_mnist(
     *,
     data_dir: str | None = None,
-    num_clients: int = _D["num_clients"],
+    num_clients: int | None = None,
     partition: str = _D["partition"],
     alpha: float = _D["alpha"],
     min_size: int = _D["min_size"],
@@ -137,14 +334,34 @@ def fashion_mnist(
     (thesis chapter 5). Read from the IDX files in `data_dir`, or in Debian's
     location (`/usr/share/datasets/fashion-mnist`) without one.
 
+    `partition='ditto'` is the partition of Ditto's experiments (thesis
+    Table 5.4; the authors' litian96/ditto `data/fmnist/create_dataset.py`,
+    `ditto_allocation`): inputs z-scored per pixel with the training split's
+    mean and standard deviation (+ 0.001; not scaled to [0, 1]); N = 500
+    devices, device k holding classes (k + j) mod 10, j = 0..4, with
+    lognormal sizes and class proportions drawn as the script draws them
+    (NumPy's legacy generator seeded 233, whatever `seed`), its examples of
+    each class taken in turn from that class's examples in file order,
+    starting again at the first when a class runs out (so some examples
+    belong to two devices). The script gives device k about n_k training
+    and n_k / 6 test examples; the thesis splits each device's data 72/8/20
+    train / validation / test (App. 5.7.4), which those counts do not give
+    (they make 86/14). Here each device's training and test examples are
+    pooled, shuffled (`seed`) and split 72/8/20 (`ditto_split_sizes`):
+    training client k, validation client k and test client k are device k
+    (`personal_splits`), as `--client-split` would make them. The options
+    test, num_test_clients and test_fraction do not apply; alpha, min_size,
+    shards_per_client and sigma are not read.
+
     Args:
       data_dir: where the IDX files are (default: Debian's location).
-      num_clients: training clients N.
+      num_clients: training clients N (unset: 500 for 'ditto', else 100).
       partition: 'dirichlet' (per-class Dirichlet(alpha) split, Yurochkin et
         al. 2019, every client >= min_size examples), 'dirichlet-mixture'
         (each client's class mix ~ Dirichlet(alpha), Hsu et al. 2019),
         'shards' (McMahan et al. 2017: shards_per_client label shards each),
-        'iid', or 'lognormal' (IID with lognormal(sigma) sizes).
+        'iid', 'lognormal' (IID with lognormal(sigma) sizes), or 'ditto'
+        (above).
       alpha: Dirichlet concentration (smaller: fewer classes per client).
       min_size: smallest client of the 'dirichlet' partition.
       shards_per_client: label shards per client ('shards').
@@ -153,13 +370,34 @@ def fashion_mnist(
         clients) or 'held-out' (test_fraction of each training client).
       num_test_clients: test clients ('unseen').
       test_fraction: share of each client held out ('held-out').
-      seed: seed of the partition.
+      seed: seed of the partition ('ditto': of the shuffle before each
+        device's 72/8/20 split).
       verify_checksums: check files that have a published SHA-256 against
         it (false: use a file of that name anyway, e.g. a re-encoded copy).
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
     """
+    if partition == DITTO_PARTITION:
+        if num_clients is None:
+            num_clients = DITTO_NUM_CLIENTS
+        given = {"test": test, "num_test_clients": num_test_clients, "test_fraction": test_fraction}
+        for name, value in given.items():
+            if value != _D[name]:
+                raise ValueError(
+                    f"{name} does not apply to partition='ditto' (its test and validation clients are "
+                    "each device's own 20% and 8%)"
+                )
+        options = {
+            "partition": DITTO_PARTITION,
+            "num_clients": check_positive_int("num_clients", num_clients),
+            "seed": check_positive_int("seed", seed, minimum=0),
+        }
+        return _ditto_dataset(
+            "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums
+        )
+    if num_clients is None:
+        num_clients = _D["num_clients"]
     options = partition_options(locals())
     return _idx_dataset(
         "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums

@@ -1,0 +1,154 @@
+"""A run's attack and aggregator, from its settings.
+
+* The corrupted clients are chosen once per run from the run's seed
+  (`jaxfl.attacks.corrupted_clients` with key `fold_in(key(seed),
+  CORRUPTION_STREAM)`), as a fraction of the training clients (thesis section
+  5.3.1) or of their examples (RFA).
+* A data attack (`--attack random-labels`, or `--attack-data` next to an
+  update attack) poisons the corrupted clients' training examples once,
+  before the population is placed (the authors' code poisons labels once at
+  load); their test examples stay clean.
+* An update attack forges the corrupted clients' updates inside every
+  compiled round (`jaxfl.algorithms.round_template.Robustness`).
+* The aggregator (`--aggregator`) replaces the weighted mean.
+
+Summaries of a run with an attack count the benign clients only (robustness =
+their mean, fairness = their spread: thesis section 5.6); `clients.csv` marks
+the corrupted ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfl.aggregators import aggregator
+from jaxfl.algorithms.round_template import Robustness
+from jaxfl.attacks import DATA_ATTACKS, corrupted_clients, poison_features
+from jaxfl.data.host import HostPopulation
+from jaxfl.data.population import ClientPopulation, FederatedDataset
+from jaxfl.experiment.config import ConfigError, RunConfig
+from jaxfl.training.local import Task
+
+PAD_ID = Task._field_defaults["pad_id"]  # jaxfl's token datasets pad targets with 0.
+
+# fold_in data of the run key's corruption stream (apart from training's).
+CORRUPTION_STREAM = 0x434F5252
+POISON_STREAM = 0x504F4953
+
+
+def run_aggregator(config: RunConfig):
+    """The aggregator of the run's settings (`jaxfl.aggregators.aggregator`)."""
+    options = {
+        "trimmed-mean": {"beta": config.trim_fraction},
+        "krum": {"byzantine": config.byzantine},
+        "multi-krum": {"byzantine": config.byzantine, "selected": config.krum_selected},
+        "k-norm": {"byzantine": config.byzantine},
+        "k-loss": {"byzantine": config.byzantine},
+        "centered-clipping": {"radius": config.clipping_radius, "iterations": config.clipping_iterations},
+        "geometric-median": {
+            "nu": config.weiszfeld_smoothing,
+            "max_iterations": config.weiszfeld_iterations,
+            "ftol": config.weiszfeld_tolerance,
+        },
+    }.get(config.aggregator, {})
+    try:
+        return aggregator(config.aggregator, **options)
+    except ValueError as error:
+        raise ConfigError(f"aggregator: {str(error).splitlines()[0]}") from None
+
+
+def update_attack_options(config: RunConfig) -> dict[str, Any]:
+    """The update attack's options from the run's settings."""
+    return {
+        "model-replacement": {"scale": config.attack_scale},
+        "sign-flip": {"scale": 1.0 if config.attack_scale is None else config.attack_scale},
+        "gaussian": {"std": config.attack_std},
+        "ipm": {"epsilon": config.attack_epsilon},
+        "alie": {"z": config.alie_z},
+    }.get(config.attack, {})
+
+
+def corrupted_training_clients(config: RunConfig, population) -> np.ndarray:
+    """`[N]` bool: the run's corrupted training clients (chosen once, from the seed)."""
+    key = jax.random.fold_in(jax.random.key(config.seed), CORRUPTION_STREAM)
+    counts = np.asarray(population.counts)
+    return corrupted_clients(key, counts, config.attack_fraction, unit=config.attack_unit)
+
+
+def poisoned_population(
+    population: ClientPopulation, corrupted: np.ndarray, attack: str, num_classes: int, key
+) -> ClientPopulation:
+    """The population with the corrupted clients' examples poisoned by `attack`."""
+    counts = np.asarray(population.counts)
+    example_is_corrupted = np.repeat(corrupted, counts)
+    targets = np.asarray(population.features["y"])
+    features = poison_features(
+        key,
+        {name: jnp.asarray(value) for name, value in population.features.items()},
+        jnp.asarray(example_is_corrupted),
+        attack,
+        num_classes=num_classes,
+        # Sequences: padding stays padding, and no poisoned label becomes it.
+        pad_id=PAD_ID if targets.ndim > 1 and np.issubdtype(targets.dtype, np.integer) else None,
+    )
+    features = {name: np.asarray(value) for name, value in features.items()}
+    return dataclasses.replace(population, features=features)
+
+
+def run_robustness(
+    config: RunConfig, dataset: FederatedDataset
+) -> tuple[Robustness | None, FederatedDataset, np.ndarray | None]:
+    """(the round's `Robustness` or None, the dataset after any data attack, the corrupted mask).
+
+    Raises:
+      ConfigError: an invalid aggregator or attack setting, or an attack on a
+        population read from the on-disk cache in blocks.
+    """
+    aggregate = run_aggregator(config) if config.aggregator != "mean" else None
+    if config.attack is None:
+        if config.attack_data is not None:
+            raise ConfigError("attack_data needs an update attack (--attack NAME)")
+        return (Robustness(aggregator=aggregate) if aggregate else None), dataset, None
+    data_attack = config.attack if config.attack in DATA_ATTACKS else config.attack_data
+    update_attack = None if config.attack in DATA_ATTACKS else config.attack
+    if config.attack in DATA_ATTACKS and config.attack_data is not None:
+        raise ConfigError(f"attack_data is for update attacks; {config.attack} is a data attack already")
+    if isinstance(dataset.train, HostPopulation):
+        raise ConfigError(
+            "an attack needs the training clients in memory; this dataset is read from the "
+            "on-disk cache in blocks"
+        )
+    try:
+        corrupted = corrupted_training_clients(config, dataset.train)
+        if data_attack is not None:
+            key = jax.random.fold_in(jax.random.key(config.seed), POISON_STREAM)
+            train = poisoned_population(dataset.train, corrupted, data_attack, dataset.num_classes, key)
+            dataset = dataclasses.replace(dataset, train=train)
+    except ValueError as error:
+        raise ConfigError(f"attack: {str(error).splitlines()[0]}") from None
+    robustness = Robustness(
+        aggregator=aggregate,
+        attack=update_attack,
+        attack_options=update_attack_options(config) if update_attack else None,
+        attacked=corrupted,
+    )
+    return robustness, dataset, corrupted
+
+
+def attack_record(config: RunConfig, corrupted: np.ndarray | None) -> dict[str, Any] | None:
+    """The summary's `attack` object, or None without an attack."""
+    if corrupted is None:
+        return None
+    return {
+        "attack": config.attack,
+        "attack_data": config.attack_data,
+        "fraction": config.attack_fraction,
+        "unit": config.attack_unit,
+        "corrupted_clients": int(corrupted.sum()),
+        "summaries_over": "benign clients (the corrupted ones are marked in clients.csv)",
+    }

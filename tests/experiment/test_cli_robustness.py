@@ -1,0 +1,59 @@
+"""Ditto, attacks and robust aggregators from the command line: personal and
+global metrics side by side, corrupted clients marked and left out of the
+summaries, bad combinations refused in one line."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from reference import TINY_LABEL_SHIFT, assert_cli_refuses
+
+from jaxfl.cli import main
+
+TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3", "--no-progress"]
+
+
+def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
+    out = tmp_path / "run"
+    status = main([
+        "run", *TINY, "--algorithm", "ditto", "--lam", "0.5", "--client-split", "0.25",
+        "--attack", "model-replacement", "--attack-data", "random-labels", "--attack-fraction", "0.25",
+        "--aggregator", "geometric-median", "--out", str(out),
+    ])  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "ditto (personal)" in captured.out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["attack"]["corrupted_clients"] == 10  # round(0.25 * 40)
+    with (out / "clients.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    test = [r for r in rows if r["population"] == "test"]
+    assert len(test) == 40  # --client-split: test client k is training client k.
+    attacked = np.array([int(r["attacked"]) for r in test], bool)
+    assert attacked.sum() == 10
+    for column, key in (("error", "test_error"), ("personal_error", "personal_test_error")):
+        values = np.array([float(r[column]) for r in test])
+        # The summaries count the benign clients only (thesis section 5.6).
+        np.testing.assert_allclose(summary[key]["mean"], values[~attacked].mean(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(summary[key]["std"], values[~attacked].std(), rtol=1e-4, atol=1e-6)
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["round_metrics"]
+    assert metrics["geometric_median_iterations"] >= 1 and "personal_train_loss" in metrics
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--algorithm", "qffl", "--aggregator", "krum"], ["qffl", "computes its own server update"]),
+        (["--attack-data", "random-labels"], ["attack_data", "update attack"]),
+        (["--attack", "random-labels", "--attack-data", "label-flip"], ["attack_data", "data attack"]),
+        (["--attack", "sign-flip", "--attack-fraction", "1.5"], ["attack_fraction"]),
+        (["--aggregator", "trimmed-mean", "--trim-fraction", "0.5"], ["trim_fraction"]),
+        (["--algorithm", "ditto", "--lam", "-1"], ["lam"]),
+        (["--algorithm", "ditto", "--ditto-global", "dp-fedavg"], ["ditto_global"]),
+        (["--client-split", "1"], ["client_split"]),
+    ],
+)
+def test_bad_robustness_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
