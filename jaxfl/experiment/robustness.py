@@ -81,7 +81,7 @@ def corrupted_training_clients(config: RunConfig, population) -> np.ndarray:
 
 
 def poisoned_population(
-    population: ClientPopulation, corrupted: np.ndarray, attack: str, num_classes: int, key
+    population: ClientPopulation | HostPopulation, corrupted: np.ndarray, attack: str, num_classes: int, key
 ) -> ClientPopulation:
     """The population with the corrupted clients' examples poisoned by `attack`."""
     counts = np.asarray(population.counts)
@@ -97,6 +97,9 @@ def poisoned_population(
         pad_id=PAD_ID if targets.ndim > 1 and np.issubdtype(targets.dtype, np.integer) else None,
     )
     features = {name: np.asarray(value) for name, value in features.items()}
+    if isinstance(population, HostPopulation):
+        # A cached dataset: the poisoned copy is held in memory, not mapped.
+        return HostPopulation.from_arrays(features, counts)
     return dataclasses.replace(population, features=features)
 
 
@@ -105,9 +108,11 @@ def run_robustness(
 ) -> tuple[Robustness | None, FederatedDataset, np.ndarray | None]:
     """(the round's `Robustness` or None, the dataset after any data attack, the corrupted mask).
 
+    A data attack on a cached dataset reads its training examples whole into
+    memory (the poisoned copy).
+
     Raises:
-      ConfigError: an invalid aggregator or attack setting, or an attack on a
-        population read from the on-disk cache in blocks.
+      ConfigError: an invalid aggregator or attack setting.
     """
     aggregate = run_aggregator(config) if config.aggregator != "mean" else None
     if config.attack is None:
@@ -118,11 +123,6 @@ def run_robustness(
     update_attack = None if config.attack in DATA_ATTACKS else config.attack
     if config.attack in DATA_ATTACKS and config.attack_data is not None:
         raise ConfigError(f"attack_data is for update attacks; {config.attack} is a data attack already")
-    if isinstance(dataset.train, HostPopulation):
-        raise ConfigError(
-            "an attack needs the training clients in memory; this dataset is read from the "
-            "on-disk cache in blocks"
-        )
     try:
         corrupted = corrupted_training_clients(config, dataset.train)
         if data_attack is not None:

@@ -413,15 +413,15 @@ def personal_test_split(dataset: FederatedDataset, fraction: float, seed: int) -
     Client k keeps a `1 - fraction` share of its examples for training and
     the rest becomes test client k (`jaxfl.data.splits.split_client_examples`,
     seeded by the run's seed); the dataset's own test and validation clients are
-    not used. Personalization is evaluated this way (thesis section 5.8: each
-    device's 72/8/20 split).
+    not used. The split is made in memory (a cached dataset is read whole).
+    Personalization is evaluated this way (thesis section 5.8: each device's
+    72/8/20 split).
     """
-    if isinstance(dataset.train, HostPopulation):
-        raise ConfigError(
-            "client_split needs the training clients in memory; this dataset is read from the "
-            "on-disk cache in blocks"
-        )
     train, test = split_client_examples(dataset.train, 1.0 - fraction, seed)
+    if isinstance(dataset.train, HostPopulation):
+        # A cached dataset stays a host population (placed on the device by
+        # `place_dataset` when it fits), now held in memory rather than mapped.
+        train, test = HostPopulation.from_device(train), HostPopulation.from_device(test)
     return dataclasses.replace(dataset, train=train, test=test, validation=None, personal_splits=True)
 
 

@@ -57,3 +57,35 @@ def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
 def test_bad_robustness_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
     out = tmp_path / "run"
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
+
+
+def test_a_cached_host_population_can_be_split_and_poisoned():
+    # Real datasets load as host populations (memory-mapped cache): the
+    # client split and the data attack read them whole and stay on the host.
+    import dataclasses
+
+    from jaxfl.data.host import HostPopulation
+    from jaxfl.data.registry import load_dataset
+    from jaxfl.experiment.config import make_config
+    from jaxfl.experiment.robustness import run_robustness
+    from jaxfl.experiment.runner import personal_test_split
+
+    device = load_dataset("label-shift", num_train_clients=12, num_test_clients=4, num_validation_clients=0,
+                          pool_size=5000)  # fmt: skip
+    host = dataclasses.replace(device, train=HostPopulation.from_device(device.train))
+    split = personal_test_split(host, 0.25, seed=0)
+    assert isinstance(split.train, HostPopulation) and split.personal_splits
+    assert split.test.num_clients == 12
+    np.testing.assert_array_equal(
+        np.asarray(split.train.counts) + np.asarray(split.test.counts), np.asarray(device.train.counts)
+    )
+    config = make_config({"attack": "random-labels", "attack_fraction": 0.5})
+    _, poisoned, corrupted = run_robustness(config, split)
+    assert isinstance(poisoned.train, HostPopulation) and corrupted.sum() == 6
+    changed = np.array([
+        not np.array_equal(poisoned.train.client(i)["y"], split.train.client(i)["y"]) for i in range(12)
+    ])  # fmt: skip
+    assert not changed[~corrupted].any()  # Benign clients' examples are untouched.
+    assert changed[corrupted].all()  # Random labels over 10 classes change some of each.
+    for i in range(12):
+        np.testing.assert_array_equal(poisoned.train.client(i)["x"], split.train.client(i)["x"])
