@@ -41,6 +41,7 @@ from jaxfl.experiment.runner import (
     Setup,
     compile_rounds,
     make_evaluator,
+    personal_evaluation_group,
     place_carry,
     privacy_spent,
     restore_carry,
@@ -139,11 +140,19 @@ def batched_evaluator(run_setup: Setup) -> Callable:
         entry = (weakref.ref(dataset, forget), {})
         _BATCHED_EVALUATORS[id(dataset)] = entry
     evaluators = entry[1]
-    key = (engine.task, engine.client_weighting)
+    corrupted = run_setup.corrupted
+    # Setups of one dataset may differ in who is corrupted (a grid over attack_fraction).
+    key = (
+        engine.task,
+        engine.client_weighting,
+        personal_evaluation_group(engine.strategy),
+        None if corrupted is None else corrupted.tobytes(),
+    )
     if key not in evaluators:
         # The corrupted clients depend on the dataset's setup (seed, attack), as the dataset does.
         evaluators[key] = make_evaluator(
-            engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted
+            engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted,
+            personal_group=personal_evaluation_group(engine.strategy),
         )
     return evaluators[key]
 
@@ -218,7 +227,7 @@ def run_sweep(
             }
             clients[g] = {
                 population: {
-                    k: np.asarray(v if k == "num_examples" else v[g]) for k, v in values.items()
+                    k: np.asarray(v if k in ("num_examples", "attacked") else v[g]) for k, v in values.items()
                 }
                 for population, values in batch_clients.items()
             }

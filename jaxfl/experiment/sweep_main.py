@@ -160,6 +160,14 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                     for key, column in TABLE_COLUMNS:
                         row[f"test_error_{column}"] = result.summary.get("test_error", {}).get(key)
                     row["train_loss_mean"] = result.summary.get("train_loss", {}).get("mean")
+                    # Personal models (ditto): on the clients' own test data, else on their training data.
+                    personal = result.summary.get("personal_test_error") or result.summary.get(
+                        "personal_train_error"
+                    )
+                    if personal is not None:
+                        where = "test" if "personal_test_error" in result.summary else "train"
+                        for key, column in TABLE_COLUMNS:
+                            row[f"personal_{where}_error_{column}"] = personal.get(key)
                     row.update(privacy_columns(result.summary.get("privacy")))
                     rows.append(row)
                     if result.diverged:

@@ -89,3 +89,22 @@ def test_a_cached_host_population_can_be_split_and_poisoned():
     assert changed[corrupted].all()  # Random labels over 10 classes change some of each.
     for i in range(12):
         np.testing.assert_array_equal(poisoned.train.client(i)["x"], split.train.client(i)["x"])
+
+
+def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
+    # lambda is a traced hyperparameter: a grid over it is one compiled sweep,
+    # each point (personal models included) equal to its single run up to
+    # float rounding; the corrupted clients are the base seed's.
+    common = [*TINY, "--algorithm", "ditto", "--client-split", "0.25", "--attack", "sign-flip"]
+    assert main(["sweep", *common, "--grid", "lam=0,2", "--out", str(tmp_path / "sweep")]) == 0
+    assert main(["run", *common, "--lam", "2", "--out", str(tmp_path / "single")]) == 0
+    capsys.readouterr()
+    with (tmp_path / "sweep" / "results.csv").open() as f:
+        rows = {float(r["lam"]): r for r in csv.DictReader(f)}
+    single = json.loads((tmp_path / "single" / "summary.json").read_text())
+    assert single["attack"]["corrupted_clients"] == 8
+    for key in ("test_error", "personal_test_error"):
+        column = f"{key}_mean"
+        np.testing.assert_allclose(float(rows[2.0][column]), single[key]["mean"], rtol=1e-4, atol=1e-5)
+    # lambda = 0 (local models) and lambda = 2 differ only in the personal models.
+    assert rows[0.0]["test_error_mean"] == rows[2.0]["test_error_mean"]
