@@ -204,6 +204,11 @@ class RunConfig:
         "ditto: the global algorithm G whose model the personal models are pulled to",
         choices=("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl"),
     )
+    finetune_epochs: int = _field(
+        0, "personalization baseline: after training, each training client fine-tunes the global "
+        "model for this many epochs of local SGD at --lr (thesis 5.5: 50), reported as its personal "
+        "model (0: off)", low=0, high=10_000,
+    )
     client_split: float | None = _field(
         None,
         "personalization: hold out this fraction in (0, 1) of every training client's "

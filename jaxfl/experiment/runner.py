@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, server_optimizer
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate, server_optimizer
 from jaxfl.algorithms.registry import (
     SPECS,
     Engine,
@@ -44,6 +44,7 @@ from jaxfl.experiment.health import divergence, host_health, initial_health, mon
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.experiment.robustness import attack_record, run_robustness
 from jaxfl.models.networks import count_parameters, make_model
+from jaxfl.training.cohort import finetune_models
 from jaxfl.training.host_cohorts import CohortStream
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy, default_strategy, parse_strategy
@@ -423,6 +424,32 @@ def personal_test_split(dataset: FederatedDataset, fraction: float, seed: int) -
         # `place_dataset` when it fits), now held in memory rather than mapped.
         train, test = HostPopulation.from_device(train), HostPopulation.from_device(test)
     return dataclasses.replace(dataset, train=train, test=test, validation=None, personal_splits=True)
+
+
+# fold_in data of the run key's fine-tuning stream (apart from the rounds').
+FINETUNE_STREAM = 0x46494E45
+
+
+def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
+    """`--finetune-epochs E`: every training client's fine-tuned global model, leaves `[N, ...]`.
+
+    E epochs of the run's local SGD (batch size, learning rate at the final
+    round) from the final global model on each client's training examples,
+    with key `fold_in(fold_in(run_key, FINETUNE_STREAM), k)`; evaluated as
+    personal models (`personal_*` summaries and columns).
+    """
+    config, engine = run_setup.config, run_setup.engine
+    local = dataclasses.replace(engine.local, num_epochs=config.finetune_epochs, max_steps=None)
+    train = run_setup.dataset.train
+    population = train.to_device() if isinstance(train, HostPopulation) else train
+    lr = local_learning_rate(state.hparams, state.round)
+    return _finetune(
+        engine.task, local, engine.strategy, state.params, population,
+        jax.random.fold_in(run_key, FINETUNE_STREAM), lr,
+    ).params
+
+
+_finetune = jax.jit(finetune_models, static_argnums=(0, 1, 2))
 
 
 def personal_evaluation_group(strategy: ClientStrategy) -> int:
@@ -974,6 +1001,13 @@ def run_algorithm(
             start_round=start_round, checkpointing=checkpointing,
         )
         state, health = carry[0], host_health(carry[1])
+        if config.finetune_epochs and not jax.tree.leaves(state.clients):
+            # Algorithms with personal models of their own (ditto) report those.
+            started = time.perf_counter()
+            summaries, clients = evaluate(state.params, finetuned_models(run_setup, state, run_key))
+            latest.update(summaries=summaries, clients=clients)
+            spent = time.perf_counter() - started
+            timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)
     except RunDiverged as error:
         # The carry was donated to the rounds after the last good one: only the host copy is left.
         state, health = None, error.health

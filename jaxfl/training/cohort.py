@@ -232,6 +232,33 @@ def train_personal_models(
     return PersonalResults(out["params"], out["num_steps"], out["loss"])
 
 
+def finetune_models(
+    task: Task,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    params: Params,
+    population: ClientPopulation,
+    key: Key,
+    lr: jax.Array,
+) -> PersonalResults:
+    """Every client's model fine-tuned from `params` (thesis section 5.5, "plain finetuning").
+
+    Client k runs `local` (its epochs: the thesis uses 50) of minibatch SGD
+    with learning rate `lr` on all its examples, starting from the global
+    model, with key `fold_in(key, k)`. A personalization baseline computed
+    once after training; the models are evaluated like Ditto's.
+
+    Returns:
+      Each client's fine-tuned model (leaves `[N, ...]`), steps and mean loss.
+    """
+    num_clients = population.num_clients
+    client_ids = jnp.arange(num_clients, dtype=jnp.int32)
+    start = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)), params)
+    return train_personal_models(
+        task, local, strategy, params, start, population, client_ids, key, LocalHParams(lr=lr)
+    )
+
+
 def sample_cohort(key: Key, population: ClientPopulation, clients_per_round: int):
     """`[M]` ids of the round's clients, uniformly without replacement."""
     return sample_without_replacement(key, population.num_clients, clients_per_round)

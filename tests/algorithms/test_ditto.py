@@ -153,3 +153,25 @@ def test_ditto_refuses_bad_settings():
         ditto(inner, TASK, LOCAL, M, 0, strategy=ClientStrategy("vmap"))
     with pytest.raises(ValueError, match="unknown hyperparameters"):
         build().init(initial_params(), {"mu": 1.0})
+
+
+def test_finetuning_baseline_matches_numpy_local_sgd_from_the_global_model():
+    from jaxfl.training import LocalTraining
+    from jaxfl.training.cohort import finetune_models
+
+    local = LocalTraining(batch_size=4, num_epochs=3)
+    key = jax.random.key(5)
+    tuned = jax.jit(finetune_models, static_argnums=(0, 1, 2))(
+        TASK, local, ClientStrategy("vmap"), initial_params(), POPULATION, key, jnp.float32(LR)
+    )
+    w0 = initial_params()["dense"]
+    for i in range(N):
+        data = POPULATION.client(i)
+        orders = _epoch_orders(jax.random.fold_in(key, i), POPULATION.counts[i], POPULATION.max_count, 3)
+        kernel, bias, steps = local_sgd_reference(
+            w0["kernel"], w0["bias"], data["x"], data["y"], np.asarray(orders),
+            batch_size=4, num_epochs=3, lr=LR,
+        )
+        np.testing.assert_allclose(tuned.params["dense"]["kernel"][i], kernel, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(tuned.params["dense"]["bias"][i], bias, rtol=1e-4, atol=1e-5)
+        assert int(tuned.num_steps[i]) == steps

@@ -108,3 +108,15 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
         np.testing.assert_allclose(float(rows[2.0][column]), single[key]["mean"], rtol=1e-4, atol=1e-5)
     # lambda = 0 (local models) and lambda = 2 differ only in the personal models.
     assert rows[0.0]["test_error_mean"] == rows[2.0]["test_error_mean"]
+
+
+def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["run", *TINY, "--algorithm", "fedavg", "--client-split", "0.25", "--finetune-epochs", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "fedavg (personal)" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    # Fine-tuned on their own data, the clients' models fit it better than the global model.
+    assert summary["personal_train_loss"]["mean"] < summary["train_loss"]["mean"]
+    with (out / "clients.csv").open() as f:
+        assert "personal_error" in next(csv.reader(f))
