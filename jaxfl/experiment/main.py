@@ -56,7 +56,10 @@ def write_result(directory: Path, config: RunConfig, result: RunResult, run_setu
     write_json(directory / "summary.json", result.summary)
     write_json(directory / "timing.json", result.timing)
     if result.state is not None:
-        save_model(directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm)
+        save_model(
+            directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm,
+            personal=result.state.clients,
+        )
         shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
 
 

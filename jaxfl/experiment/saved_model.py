@@ -7,7 +7,9 @@ several algorithms, `DIR/<algorithm>/model/`):
   (readable with orbax alone);
 * `model.json`: what rebuilds the network: the model name and the shapes
   it was built for (input shape, classes, token vocabulary, widths), and
-  the run's resolved config (its dataset, data_dir for frozen embeddings).
+  the run's resolved config (its dataset, data_dir for frozen embeddings);
+* `personal/` (Ditto): the training clients' personal models, the same
+  pytree with a leading client axis `[N, ...]` (row k is client k's v_k).
 
 `load_model(DIR)` returns a `SavedModel` (the `jaxfl.models.networks.Model`,
 its parameters, the config): evaluate it with `evaluate_model`, call
@@ -43,6 +45,7 @@ class SavedModel:
     config: RunConfig
     algorithm: str
     build: dict[str, Any]  # make_model's shape arguments
+    personal: Any = None  # Ditto's personal models, leaves [N, ...], or None
 
 
 def model_build_arguments(config: RunConfig, dataset) -> dict[str, Any]:
@@ -56,13 +59,23 @@ def model_build_arguments(config: RunConfig, dataset) -> dict[str, Any]:
     }
 
 
-def save_model(directory: str | os.PathLike, params: Any, config: RunConfig, dataset, algorithm: str) -> Path:
-    """Writes `params` and what rebuilds the network into `directory` (created)."""
+def save_model(
+    directory: str | os.PathLike,
+    params: Any,
+    config: RunConfig,
+    dataset,
+    algorithm: str,
+    personal: Any = None,
+) -> Path:
+    """Writes `params` (and personal models, if any) and what rebuilds the network into `directory`."""
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    host_params = jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(params))
+    to_host = lambda tree: jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(tree))  # noqa: E731
+    personal = personal if personal is not None and jax.tree.leaves(personal) else None
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(directory / "params", host_params)
+        checkpointer.save(directory / "params", to_host(params))
+        if personal is not None:
+            checkpointer.save(directory / "personal", to_host(personal))
     description = {
         "format": FORMAT_VERSION,
         "model": config.model,
@@ -70,6 +83,8 @@ def save_model(directory: str | os.PathLike, params: Any, config: RunConfig, dat
         "build": model_build_arguments(config, dataset),
         "config": config.to_dict(),
     }
+    if personal is not None:
+        description["personal_clients"] = int(jax.tree.leaves(personal)[0].shape[0])
     (directory / "model.json").write_text(json.dumps(description, indent=2) + "\n")
     return directory
 
@@ -121,10 +136,15 @@ def load_model(path: str | os.PathLike, algorithm: str | None = None) -> SavedMo
     template = jax.tree.map(
         lambda x: np.zeros(x.shape, x.dtype), jax.eval_shape(model.init, jax.random.key(0))
     )
+    personal = None
     with ocp.StandardCheckpointer() as checkpointer:
         params = checkpointer.restore(folder / "params", template)
+        if "personal_clients" in description:
+            rows = description["personal_clients"]
+            stacked = jax.tree.map(lambda x: np.zeros((rows, *x.shape), x.dtype), template)
+            personal = jax.tree.map(np.asarray, checkpointer.restore(folder / "personal", stacked))
     params = jax.tree.map(np.asarray, params)
-    return SavedModel(model, params, config, algorithm, description["build"])
+    return SavedModel(model, params, config, algorithm, description["build"], personal)
 
 
 def build_saved_network(config: RunConfig, build: dict[str, Any]):

@@ -5,11 +5,14 @@ summaries, bad combinations refused in one line."""
 import csv
 import json
 
+import jax
 import numpy as np
 import pytest
 from reference import TINY_LABEL_SHIFT, assert_cli_refuses
 
 from jaxfl.cli import main
+from jaxfl.data.registry import load_dataset
+from jaxfl.data.splits import split_client_examples
 
 TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3", "--no-progress"]
 
@@ -39,6 +42,19 @@ def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
         np.testing.assert_allclose(summary[key]["std"], values[~attacked].std(), rtol=1e-4, atol=1e-6)
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["round_metrics"]
     assert metrics["geometric_median_iterations"] >= 1 and "personal_train_loss" in metrics
+    # The personal models are saved with the global one: row k is client k's.
+    from jaxfl.evaluation.per_client import personal_client_metrics
+    from jaxfl.experiment.saved_model import load_model
+    from jaxfl.training import Task
+
+    saved = load_model(out)
+    assert all(leaf.shape[0] == 40 for leaf in jax.tree.leaves(saved.personal))
+    population = load_dataset(
+        "label-shift", num_train_clients=40, num_validation_clients=0, num_test_clients=20, pool_size=20000
+    ).train
+    test_population = split_client_examples(population, 0.75, 0)[1]
+    _, errors = personal_client_metrics(Task(saved.model), saved.personal, test_population)
+    np.testing.assert_allclose(errors, [float(r["personal_error"]) for r in test], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
