@@ -271,6 +271,12 @@ class RunConfig:
     alie_z: float | None = _field(
         None, "alie attack: z (unset: Baruch et al.'s z from n and f)", optional=True,
     )
+    client_validation_split: float | None = _field(
+        None,
+        "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
+        "as its own validation data (thesis 5.8: 0.08 with client_split 0.2 gives 72/8/20)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
     afl_lambda_lr: float = _field(
         0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
         low=0.0, low_open=True,

@@ -271,8 +271,12 @@ def setup(config: RunConfig) -> Setup:
         dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
+    if config.client_validation_split is not None and config.client_split is None:
+        raise ConfigError("client_validation_split needs client_split (the clients' own test data)")
     if config.client_split is not None:
-        dataset = personal_test_split(dataset, config.client_split, config.seed)
+        dataset = personal_test_split(
+            dataset, config.client_split, config.seed, validation_fraction=config.client_validation_split
+        )
     robustness, dataset, corrupted = run_robustness(config, dataset)
     dataset, placement = place_dataset(dataset, config.residency)
     num_train = dataset.train.num_clients
@@ -408,22 +412,37 @@ _summarize_host = jax.jit(
 )
 
 
-def personal_test_split(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
+def personal_test_split(
+    dataset: FederatedDataset, fraction: float, seed: int, *, validation_fraction: float | None = None
+) -> FederatedDataset:
     """`--client-split`: every training client's examples split into train and its own test.
 
     Client k keeps a `1 - fraction` share of its examples for training and
     the rest becomes test client k (`jaxfl.data.splits.split_client_examples`,
     seeded by the run's seed); the dataset's own test and validation clients are
-    not used. The split is made in memory (a cached dataset is read whole).
+    not used. With `validation_fraction`, that share of each client's
+    examples becomes validation client k (its own validation data, e.g. for
+    choosing Ditto's lambda per client). The split is made in memory (a
+    cached dataset is read whole).
     Personalization is evaluated this way (thesis section 5.8: each device's
     72/8/20 split).
     """
     train, test = split_client_examples(dataset.train, 1.0 - fraction, seed)
+    validation = None
+    if validation_fraction is not None:
+        if validation_fraction + fraction >= 1.0:
+            raise ConfigError(
+                f"client_split={fraction:g} and client_validation_split={validation_fraction:g} leave "
+                "no training examples: their sum must be below 1"
+            )
+        kept = 1.0 - validation_fraction / (1.0 - fraction)
+        train, validation = split_client_examples(train, kept, seed + 1)
     if isinstance(dataset.train, HostPopulation):
         # A cached dataset stays a host population (placed on the device by
         # `place_dataset` when it fits), now held in memory rather than mapped.
         train, test = HostPopulation.from_device(train), HostPopulation.from_device(test)
-    return dataclasses.replace(dataset, train=train, test=test, validation=None, personal_splits=True)
+        validation = None if validation is None else HostPopulation.from_device(validation)
+    return dataclasses.replace(dataset, train=train, test=test, validation=validation, personal_splits=True)
 
 
 # fold_in data of the run key's fine-tuning stream (apart from the rounds').

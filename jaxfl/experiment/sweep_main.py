@@ -38,6 +38,7 @@ from jaxfl.experiment.checks import check_grid_points
 from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value, held_warnings
 from jaxfl.experiment.health import EXIT_DIVERGED
 from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
+from jaxfl.experiment.lambda_selection import select_lambda_per_client
 from jaxfl.experiment.main import CHECKPOINTS, read_result, truncate_metrics, warn_empty_rounds
 from jaxfl.experiment.outputs import (
     TABLE_COLUMNS,
@@ -172,6 +173,9 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                     rows.append(row)
                     if result.diverged:
                         diverged.append((index + offset, result.diverged))
+                if "lam" in inner:
+                    point_rows = rows[-len(results):]
+                    rows.extend(_lambda_per_client_rows(point_rows, inner_points, results, staging, group))
                 index += len(inner_points)
         if staging is not None:
             columns = list(dict.fromkeys(k for row in rows for k in row))
@@ -289,9 +293,51 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     return results
 
 
+def _lambda_per_client_rows(point_rows, inner_points, results, staging, group: int) -> list[dict[str, Any]]:
+    """Ditto sweeps over `lam`: one more row per setting of the other axes, each client's lambda
+    chosen on its own validation data (`jaxfl.experiment.lambda_selection`), and its choices in
+    `lambda-per-client-<group>.csv`.
+    """
+    partitions: dict[tuple, list[int]] = {}
+    for i, point in enumerate(inner_points):
+        key = tuple(sorted((k, v) for k, v in point.items() if k != "lam"))
+        partitions.setdefault(key, []).append(i)
+    rows = []
+    for number, members in enumerate(partitions.values()):
+        selection = select_lambda_per_client(
+            [(float(inner_points[i]["lam"]), results[i].clients) for i in members]
+        )
+        if selection is None:
+            continue
+        # The global model does not depend on lambda: the first point's columns hold for it.
+        row = {**point_rows[members[0]], "point": "-", "lam": "per-client"}
+        row = {k: v for k, v in row.items() if not k.startswith("personal_")}
+        for key, column in TABLE_COLUMNS:
+            row[f"personal_test_error_{column}"] = selection["summary"][key]
+        rows.append(row)
+        if staging is not None:
+            with (staging / f"lambda-per-client-{group}-{number}.csv").open("w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(
+                    ["client", "lam", "validation_personal_loss", "test_personal_error", "attacked"]
+                )
+                attacked = selection["attacked"]
+                for k, (lam, loss, error) in enumerate(zip(
+                    selection["lam"], selection["validation_loss"], selection["test_error"], strict=True
+                )):
+                    flag = "" if attacked is None else int(attacked[k])
+                    writer.writerow([k, f"{lam:g}", f"{loss:.6g}", f"{error:.6g}", flag])
+    return rows
+
+
 def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total: int) -> None:
     names = list(grid)
+    personal = next(
+        (k for row in rows for k in row if k.startswith("personal_") and k.endswith("_error_mean")), None
+    )
     header = ["point", *names, "test err mean %", "p90 %", "sq90 %", "train loss"]
+    if personal is not None:
+        header.append("personal err mean %")
     lines = [header]
     for row in rows:
         lines.append(
@@ -303,6 +349,9 @@ def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total
                 f"{100 * row['test_error_sq90']:.2f}",
                 f"{row['train_loss_mean']:.4f}",
             ]
+            + ([] if personal is None else [
+                "" if row.get(personal) is None else f"{100 * row[personal]:.2f}"
+            ])
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     print(f"sweep of {total} points")

@@ -111,12 +111,23 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
     # lambda is a traced hyperparameter: a grid over it is one compiled sweep,
     # each point (personal models included) equal to its single run up to
     # float rounding; the corrupted clients are the base seed's.
-    common = [*TINY, "--algorithm", "ditto", "--client-split", "0.25", "--attack", "sign-flip"]
+    common = [
+        *TINY, "--algorithm", "ditto", "--client-split", "0.25", "--client-validation-split", "0.15",
+        "--attack", "sign-flip",
+    ]  # fmt: skip
     assert main(["sweep", *common, "--grid", "lam=0,2", "--out", str(tmp_path / "sweep")]) == 0
     assert main(["run", *common, "--lam", "2", "--out", str(tmp_path / "single")]) == 0
     capsys.readouterr()
     with (tmp_path / "sweep" / "results.csv").open() as f:
-        rows = {float(r["lam"]): r for r in csv.DictReader(f)}
+        rows = {r["lam"]: r for r in csv.DictReader(f)}
+    # Each client's lambda chosen on its own validation data: one more row.
+    per_client = rows.pop("per-client")
+    with (tmp_path / "sweep" / "lambda-per-client-0-0.csv").open() as f:
+        chosen = list(csv.DictReader(f))
+    assert len(chosen) == 40 and {r["lam"] for r in chosen} <= {"0", "2"}
+    benign = [float(r["test_personal_error"]) for r in chosen if r["attacked"] == "0"]
+    np.testing.assert_allclose(float(per_client["personal_test_error_mean"]), np.mean(benign), rtol=1e-5)
+    rows = {float(k): r for k, r in rows.items()}
     single = json.loads((tmp_path / "single" / "summary.json").read_text())
     assert single["attack"]["corrupted_clients"] == 8
     for key in ("test_error", "personal_test_error"):
