@@ -626,7 +626,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"rounds (default: {DEFAULT_ROUNDS}, --quick: {QUICK['rounds']}; "
                         f"thesis: {THESIS_ROUNDS})")
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every this many rounds "
-                        "(default: only at the end; one evaluation of 500 personal models takes minutes)")
+                        "(default: only at the end; 500 personal models: ~1 min per evaluation here)")
     parser.add_argument("--lam", type=float, default=1.0,
                         help="Ditto's λ, fixed (dynamic λ is not implemented)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the runs (and of the corrupted devices)")
