@@ -157,7 +157,7 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
             row = {"algorithm": f"{name} ({where})"}
             for key, label in TABLE_COLUMNS:
                 row[f"test_error_{label}"] = 100.0 * personal[key]
-            row["train_loss_mean"] = summary["personal_train_loss"]["mean"]
+            row["train_loss_mean"] = summary.get("personal_train_loss", {}).get("mean", float("nan"))
             rows.append(row)
     return rows
 

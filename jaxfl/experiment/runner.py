@@ -553,7 +553,8 @@ def make_evaluator(
     def host_metrics(name, population, params):
         # Streamed in blocks of clients: device memory stays one block.
         metrics = host_population_metrics(task, params, population)
-        weights = population.client_weights(client_weighting) if name == "train" else None
+        benign_host = (~marked[name]).astype(np.float32) if name in marked else None
+        weights = _summary_weights(name, population, client_weighting, benign_host)
         stats = jax.device_get(_summarize_host(metrics.loss, metrics.error, weights))
         return stats, {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
 
@@ -565,11 +566,21 @@ def make_evaluator(
             if name == "train" or dataset.personal_splits
         }
     benign = {name: jnp.asarray(~mask, jnp.float32) for name, mask in marked.items() if name in on_device}
-    personal_populations = {
-        name: population
-        for name, population in on_device.items()
-        if name == "train" or dataset.personal_splits
-    }
+    personal_benign = {name: jnp.asarray(~mask, jnp.float32) for name, mask in marked.items()}
+    personal_populations = {}
+
+    def populations_with_personal_models():
+        # Personal models (device-resident, N of them) are evaluated client by client on a device
+        # copy of a host-resident population, made at the first such evaluation: its streamed
+        # blocks cannot carry N models. Runs without personal models never copy.
+        if not personal_populations:
+            personal_populations.update({
+                name: population.to_device() if name in on_host else population
+                for name, population in populations.items()
+                if name == "train" or dataset.personal_splits
+            })
+        return personal_populations
+
     evaluate_personal = _evaluate_personal_batched if batched else _evaluate_personal
 
     def run(params, personal=()):
@@ -580,7 +591,8 @@ def make_evaluator(
         if jax.tree.leaves(personal):
             personal_summaries, personal_clients = jax.device_get(
                 evaluate_personal(
-                    task, client_weighting, personal_group, personal, personal_populations, benign
+                    task, client_weighting, personal_group, personal, populations_with_personal_models(),
+                    personal_benign,
                 )
             )
         for name, population in on_host.items():

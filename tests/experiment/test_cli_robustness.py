@@ -139,11 +139,21 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
 
 def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["run", *TINY, "--algorithm", "fedavg", "--client-split", "0.25", "--finetune-epochs", "2"]
+    # Host-resident clients (streamed evaluation) under an attack: the summaries count the benign ones too.
+    argv = [
+        "run", *TINY, "--algorithm", "fedavg", "--client-split", "0.25", "--finetune-epochs", "2",
+        "--residency", "host", "--attack", "sign-flip", "--attack-fraction", "0.25",
+    ]  # fmt: skip
     assert main([*argv, "--out", str(out)]) == 0
     assert "fedavg (personal)" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["residency"] == "host"
     # Fine-tuned on their own data, the clients' models fit it better than the global model.
     assert summary["personal_train_loss"]["mean"] < summary["train_loss"]["mean"]
     with (out / "clients.csv").open() as f:
-        assert "personal_error" in next(csv.reader(f))
+        rows = [r for r in csv.DictReader(f) if r["population"] == "test"]
+    assert "personal_error" in rows[0]
+    attacked = np.array([r["attacked"] == "1" for r in rows])
+    errors = np.array([float(r["error"]) for r in rows])
+    assert attacked.sum() == 10
+    np.testing.assert_allclose(summary["test_error"]["mean"], errors[~attacked].mean(), rtol=1e-5)
