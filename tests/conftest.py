@@ -1,6 +1,7 @@
 """Test configuration shared by the whole suite.
 
-Converted real datasets are cached in a directory of this session.
+Converted real datasets are cached in a directory of this session. Tests
+marked `gpu` are skipped unless the backend is a GPU.
 Eight virtual CPU devices exist so that sharded strategies are tested on a
 real mesh; this must happen before JAX initializes its backends. Rank
 promotion is an error so that broadcasting slips fail loudly.
@@ -19,3 +20,19 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
 jax.config.update("jax_disable_most_optimizations", True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run only where JAX's backend is a GPU.
+
+    On the GPU machine: `JAX_PLATFORMS=cuda pytest -m gpu` (the suite
+    defaults to the CPU above).
+    """
+    import pytest
+
+    if jax.default_backend() == "gpu":
+        return
+    skip = pytest.mark.skip(reason="needs a GPU (JAX_PLATFORMS=cuda on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

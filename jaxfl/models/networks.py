@@ -46,6 +46,12 @@ class Model(NamedTuple):
       flops_per_example: forward-pass FLOPs (multiply-adds count 2) of one
         example, for throughput figures; training costs about 3x this.
       stochastic: whether `apply` uses its key (dropout, augmentation).
+      dense_layers: for a stack of dense layers with ReLU between them, read
+        from features flattened to `[B, -1]` (the linear model and the MLP
+        on real-valued inputs), the paths in `params` of its layers' dicts
+        (`kernel` `[in, out]`, `bias` `[out]`), first to last; empty for
+        other models. Local training of such a stack can run as one fused
+        kernel (`jaxfl.training.fused`).
     """
 
     init: Callable[[Key], Params]
@@ -53,6 +59,7 @@ class Model(NamedTuple):
     name: str
     flops_per_example: int
     stochastic: bool = False
+    dense_layers: tuple[tuple[str | int, ...], ...] = ()
 
 
 def _first_layer(layer: nnx.Linear, x: jax.Array, vocab_size: int | None) -> jax.Array:
@@ -316,7 +323,12 @@ def _conv_as_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Arr
 
 
 def as_model(
-    build: Callable[[nnx.Rngs], nnx.Module], name: str, flops: int, *, stochastic: bool = False
+    build: Callable[[nnx.Rngs], nnx.Module],
+    name: str,
+    flops: int,
+    *,
+    stochastic: bool = False,
+    dense_layers: tuple[tuple[str | int, ...], ...] = (),
 ) -> Model:
     """Splits an NNX module into pure `init` and `apply` functions.
 
@@ -339,7 +351,14 @@ def as_model(
         module = nnx.merge(graphdef, params, rest)
         return module(x, key=key) if stochastic else module(x)
 
-    return Model(init=init, apply=apply, name=name, flops_per_example=flops, stochastic=stochastic)
+    return Model(
+        init=init,
+        apply=apply,
+        name=name,
+        flops_per_example=flops,
+        stochastic=stochastic,
+        dense_layers=dense_layers,
+    )
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -424,6 +443,7 @@ def make_model(
             lambda rngs: LinearClassifier(num_features, num_classes, vocab_size=vocab, rngs=rngs),
             name,
             flops,
+            dense_layers=() if vocab else (("dense",),),
         )
     if name == "mlp":
         sizes = [num_positions if vocab else num_features, *hidden_sizes, num_classes]
@@ -432,6 +452,9 @@ def make_model(
             lambda rngs: MLP(num_features, hidden_sizes, num_classes, vocab_size=vocab, rngs=rngs),
             name,
             flops,
+            dense_layers=()
+            if vocab
+            else (*(("hidden", index) for index in range(len(hidden_sizes))), ("out",)),
         )
     if name == "embedding-bag":
         if vocab is None:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.fused import fused_layout, train_fused
 from jaxfl.training.local import (
     LocalHParams,
     LocalTraining,
@@ -110,6 +111,12 @@ def train_cohort(
     }
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
+    layout = fused_layout(task, local, strategy, params, population)
+    if layout is not None:
+        return _train_cohort_fused(
+            task, local, strategy, layout, params, population, client_ids, per_client, hparams,
+            with_initial_loss,
+        )
 
     def client_fn(shared, client):
         params, population, hparams = shared
@@ -147,6 +154,40 @@ def train_cohort(
         mean_batch_loss=out["mean_batch_loss"],
         initial_loss=out.get("initial_loss"),
         initial_error=out.get("initial_error"),
+    )
+
+
+def _train_cohort_fused(
+    task, local, strategy, layout, params, population, client_ids, per_client, hparams, with_initial_loss
+) -> CohortResults:
+    """`train_cohort` with the local steps in one kernel (`jaxfl.training.fused`)."""
+    trained, num_steps, mean_loss = train_fused(
+        task,
+        local,
+        layout,
+        params,
+        params,
+        population,
+        per_client["id"],
+        per_client["key"],
+        hparams,
+        num_epochs=per_client.get("num_epochs"),
+        active=per_client["active"],
+    )
+    initial_loss = initial_error = None
+    if with_initial_loss:
+
+        def initial_fn(shared, client):
+            return client_loss_and_error(task, shared[0], shared[1], client["id"])
+
+        initial_loss, initial_error = map_clients(initial_fn, (params, population), per_client, strategy)
+    return CohortResults(
+        client_ids=client_ids,
+        deltas=jax.tree.map(lambda client, server: client - server[None], trained, params),
+        num_steps=num_steps,
+        mean_batch_loss=mean_loss,
+        initial_loss=initial_loss,
+        initial_error=initial_error,
     )
 
 
@@ -211,6 +252,12 @@ def train_personal_models(
         "active": jnp.ones(num_clients, bool),
         "start": personal,
     }
+    layout = fused_layout(task, local, strategy, anchor, population)
+    if layout is not None:
+        trained, num_steps, mean_loss = train_fused(
+            task, local, layout, personal, anchor, population, slots, per_client["key"], hparams
+        )
+        return PersonalResults(trained, num_steps, mean_loss)
 
     def client_fn(shared, client):
         anchor, population, hparams = shared

@@ -157,6 +157,9 @@ def multi_label_stats(logits: jax.Array, targets: jax.Array, top_k: int = 5) -> 
     )
 
 
+LOOPS = ("scan", "while", "fused")
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalTraining:
     """Static shape of local training (these values fix compiled shapes).
@@ -168,8 +171,11 @@ class LocalTraining:
       loop: 'scan' runs a `lax.scan` of the static length S, padding steps
         skipped by a `lax.cond`; 'while' runs a loop whose trip count is the
         client's own number of steps (under `vmap`: the largest in the
-        batch), so that batches of similar clients waste nothing. Both give
-        the same result; see docs/strategies.md for which is faster where.
+        batch), so that batches of similar clients waste nothing; 'fused'
+        runs a whole cohort's local training as one kernel where the model
+        is a dense stack (`jaxfl.training.fused`), and as 'scan' elsewhere.
+        All give the same result; see docs/strategies.md for which is
+        faster where.
     """
 
     batch_size: int
@@ -184,8 +190,8 @@ class LocalTraining:
             raise ValueError(f"num_epochs must be >= 1, got {self.num_epochs}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.loop not in ("scan", "while"):
-            raise ValueError(f"loop must be 'scan' or 'while', got {self.loop!r}")
+        if self.loop not in LOOPS:
+            raise ValueError(f"loop must be one of {LOOPS}, got {self.loop!r}")
 
     def num_steps(self, count: jax.Array, num_epochs: jax.Array | int | None = None):
         """Real steps of a client with `count` examples (traced)."""
@@ -263,6 +269,35 @@ def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
 
 # Up to this many position bits, `epoch_orders` sorts packed uint32 keys.
 _PACKED_POSITION_BITS = 10
+
+
+def minibatch_rows(
+    population: ClientPopulation,
+    client_id: jax.Array,
+    key: Key,
+    num_steps: jax.Array,
+    config: LocalTraining,
+) -> jax.Array:
+    """`[S, B]` int32: the population rows of each of a client's minibatches.
+
+    The minibatches `local_sgd` visits with the same key (the same epoch
+    orders, step by step), as row indices into the packed population; -1
+    marks an empty slot (the short last batch of an epoch, and every slot of
+    the steps from `num_steps` on). The fused kernel
+    (`jaxfl.kernels.local_training`) reads its minibatches from these.
+    """
+    batch_size = config.batch_size
+    max_count = population.max_count
+    offset = population.offsets[client_id]
+    count = population.counts[client_id]
+    steps_per_epoch = jnp.maximum((count + batch_size - 1) // batch_size, 1)
+    perms = epoch_orders(key, count, max_count, config.num_epochs)
+    step = jnp.arange(config.scan_length(max_count))[:, None]
+    epoch = step // steps_per_epoch
+    position = (step - epoch * steps_per_epoch) * batch_size + jnp.arange(batch_size)[None, :]
+    valid = (position < count) & (step < num_steps)
+    order = perms[jnp.minimum(epoch, config.num_epochs - 1), jnp.minimum(position, max_count - 1)]
+    return jnp.where(valid, offset + order, -1).astype(jnp.int32)
 
 
 def local_sgd(
