@@ -73,8 +73,8 @@ def _parse(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--workload",
         default="emnist-linear",
-        choices=("emnist-linear", "synthetic-small", "emnist-cnn", "population", "shakespeare-lstm",
-                 "shakespeare-gru"),
+        choices=("emnist-linear", "synthetic-small", "emnist-cnn", "population", "label-shift",
+                 "shakespeare-lstm", "shakespeare-gru"),
     )
     parser.add_argument("--algorithm", default="fedavg")
     parser.add_argument("--rounds", type=int, default=20)
@@ -97,8 +97,18 @@ def _parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--theta", type=float, default=0.5, help="Δ-FL tail fraction")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the best is kept")
     parser.add_argument(
-        "--loop", default="auto", choices=("auto", "scan", "while"),
-        help="local loop (auto: the CLI's default for the backend)",
+        "--loop", default="auto", choices=("auto", "scan", "while", "fused"),
+        help="local loop (auto: the CLI's default for the backend; fused: one kernel per round for "
+        "dense models, jaxfl.training.fused)",
+    )
+    parser.add_argument(
+        "--matmul-precision", default=None, choices=("bfloat16", "tensorfloat32", "float32"),
+        help="jax.default_matmul_precision for the whole configuration (default: JAX's; on NVIDIA "
+        "GPUs f32 products then use TF32)",
+    )
+    parser.add_argument(
+        "--sweep-seeds", default="different", choices=("different", "same"),
+        help="--sweep: every setting its own seed (its own cohorts and minibatches), or one seed for all",
     )
     parser.add_argument(
         "--conv", default="auto", choices=("auto", "lax", "canonical", "patches"),
@@ -132,6 +142,7 @@ from jaxfl.algorithms.base import server_optimizer  # noqa: E402
 from jaxfl.algorithms.registry import Engine, build_algorithm  # noqa: E402
 from jaxfl.data.population import ClientPopulation, pack_arrays  # noqa: E402
 from jaxfl.data.registry import load_dataset  # noqa: E402
+from jaxfl.experiment.health import initial_health, monitored  # noqa: E402
 from jaxfl.experiment.runner import (  # noqa: E402
     choose_local_loop,
     choose_strategy,
@@ -152,6 +163,8 @@ WORKLOADS = {
     ),
     "emnist-cnn": dict(dataset=("peer-benchmark", {}), model="convnet", batch=16, lr=0.05),
     "population": dict(dataset=("many-clients", {}), model="linear", batch=10, lr=0.05),
+    # The README's main job (`jaxfl run`'s defaults): 2,500 clients, 100 a round.
+    "label-shift": dict(dataset=("label-shift", {}), model="linear", batch=10, lr=0.1),
     "shakespeare-lstm": dict(
         dataset=("shakespeare", {"layout": "sequence", "sequence_length": 80, "vocabulary": "fedjax",
                                  "test_fraction": 0.2}),
@@ -177,6 +190,55 @@ def peak_matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
         matmul(a).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
+
+
+def peak_copy_gbytes_per_s(megabytes: int = 512, repeats: int = 5) -> float:
+    """Measured device memory bandwidth: bytes read plus written by `x + 1` on a large array (GB/s)."""
+    x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    add = jax.jit(lambda v: v + 1.0)
+    add(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        add(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.nbytes / best / 1e9
+
+
+def min_bytes_per_round(
+    num_parameters: int, counts: np.ndarray, clients_per_round: int, local: LocalTraining,
+    example_bytes: float, extra_forward: bool,
+) -> float:
+    """The fewest device-memory bytes a round must move (the roofline's memory term).
+
+    Each trained example read once per epoch (the minibatch rows), each
+    client's model read once and its update written once, float32. A
+    Δ-FL round also reads each sampled client's data once more. Counts the
+    average client when the cohort is sampled.
+    """
+    counts = np.asarray(counts)
+    examples = trained_examples(counts, local.batch_size, local.num_epochs, local.max_steps)
+    per_client = examples * example_bytes + 2 * 4 * num_parameters
+    if extra_forward:
+        per_client = per_client + counts * example_bytes
+    return float(np.mean(per_client)) * clients_per_round
+
+
+def round_bytes(args, engine, params, population) -> tuple[float, float]:
+    """(model bytes, data bytes) of `min_bytes_per_round` for a benchmark configuration."""
+    num_parameters = count_parameters(params)
+    example_bytes = sum(
+        feature.dtype.itemsize * int(np.prod(feature.shape[1:])) for feature in population.features.values()
+    )
+    args_of = (population.counts, engine.clients_per_round, engine.local)
+    deltafl = args.algorithm == "deltafl"
+    model_bytes = min_bytes_per_round(num_parameters, *args_of, 0.0, deltafl)
+    return model_bytes, min_bytes_per_round(num_parameters, *args_of, example_bytes, deltafl) - model_bytes
+
+
+def roofline_seconds(flops: float, num_bytes: float, peak_gflops: float, peak_gbytes: float) -> float:
+    """The fastest a computation can run: its FLOPs at the matmul peak or its bytes at the bandwidth."""
+    return max(flops / (peak_gflops * 1e9), num_bytes / (peak_gbytes * 1e9))
 
 
 def trained_examples(
@@ -404,6 +466,10 @@ def measure(args) -> dict:
         model, population.counts, clients_per_round, engine.local, args.algorithm == "deltafl"
     )
     peak = peak_matmul_gflops()
+    bandwidth = peak_copy_gbytes_per_s()
+    model_bytes, data_bytes = round_bytes(args, engine, state.params, population)
+    bytes_per_round = model_bytes + data_bytes
+    floor_s = roofline_seconds(flops, bytes_per_round, peak, bandwidth)
     return {
         "workload": args.workload,
         "algorithm": args.algorithm,
@@ -425,6 +491,12 @@ def measure(args) -> dict:
         "useful_gflops_per_s": flops / best / 1e9,
         "peak_gflops_per_s": peak,
         "peak_fraction": flops / best / 1e9 / peak,
+        "flops_per_round": flops,
+        "min_bytes_per_round": bytes_per_round,
+        "peak_gbytes_per_s": bandwidth,
+        "bandwidth_fraction": bytes_per_round / best / 1e9 / bandwidth,
+        "bound": "compute" if flops / peak > bytes_per_round / bandwidth else "memory",
+        "roofline_fraction": floor_s / best,
         "population_bytes": int(population.nbytes),
         "jax": jax.__version__,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -447,11 +519,15 @@ def measure_sweep(args) -> dict:
     states = [
         algorithm.init(model.init(jax.random.key(0)), {**hparams, "lr": float(lr)}) for lr in lrs
     ]
-    keys = jnp.stack([jax.random.key(g) for g in range(grid)])
+    seeds = range(grid) if args.sweep_seeds == "different" else [0] * grid
+    keys = jnp.stack([jax.random.key(g) for g in seeds])
     # Placed as the strategy wants them (replicated over a sharded layout's
     # mesh), as `jaxfl.experiment.sweep.run_sweep` does.
     replicate = engine.strategy.replicate
-    stacked = replicate(jax.tree.map(lambda *x: jnp.stack(x), *states))
+    # The sweep's round carries each point's health (`jaxfl.experiment.health`);
+    # the single-setting baseline carries it too, so both do the same work.
+    carries = [(state, initial_health()) for state in states]
+    stacked = replicate(jax.tree.map(lambda *x: jnp.stack(x), *carries))
     population = replicate(population)
     fused = args.rounds_per_call or rounds_per_call(engine.strategy, args.rounds, args.rounds)
     sweep_fn = batched_round(algorithm.round, fused)
@@ -459,15 +535,24 @@ def measure_sweep(args) -> dict:
     compile_sweep, per_sweep_round = _time_rounds(
         sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync, fused
     )
-    single_fn = compile_rounds(algorithm.round, fused)
+    single_fn = compile_rounds(monitored(algorithm.round), fused)
     compile_single, per_round = _time_rounds(
-        single_fn, replicate(states[0]), population, jax.random.key(0), args.rounds,
+        single_fn, replicate(carries[0]), population, jax.random.key(0), args.rounds,
         args.repeats, sync, fused,
     )
     # One after another: G times the single setting's time (same shapes,
     # same compiled function, so every setting costs the same).
     sequential_settings_rounds_per_s = 1.0 / per_round
     vmapped_settings_rounds_per_s = grid / per_sweep_round
+    # The sweep's roofline: G models; the data G times, or once where the
+    # settings share a seed (the same minibatches) and a kernel could read it once.
+    flops = grid * round_flops(
+        model, population.counts, engine.clients_per_round, engine.local, args.algorithm == "deltafl"
+    )
+    model_bytes, data_bytes = round_bytes(args, engine, states[0].params, population)
+    data_reads = grid if args.sweep_seeds == "different" else 1
+    sweep_bytes = grid * model_bytes + data_reads * data_bytes
+    peak, bandwidth = peak_matmul_gflops(), peak_copy_gbytes_per_s()
     return {
         "workload": args.workload,
         "algorithm": args.algorithm,
@@ -477,10 +562,18 @@ def measure_sweep(args) -> dict:
         "device_kind": jax.devices()[0].device_kind,
         "devices": jax.device_count(),
         "sweep_points": grid,
+        "sweep_seeds": args.sweep_seeds,
         "rounds_per_call": fused,
         "vmapped_setting_rounds_per_s": vmapped_settings_rounds_per_s,
         "sequential_setting_rounds_per_s": sequential_settings_rounds_per_s,
         "speedup": vmapped_settings_rounds_per_s / sequential_settings_rounds_per_s,
+        "flops_per_sweep_round": flops,
+        "min_bytes_per_sweep_round": sweep_bytes,
+        "peak_gflops_per_s": peak,
+        "peak_gbytes_per_s": bandwidth,
+        "peak_fraction": flops / per_sweep_round / 1e9 / peak,
+        "bandwidth_fraction": sweep_bytes / per_sweep_round / 1e9 / bandwidth,
+        "roofline_fraction": roofline_seconds(flops, sweep_bytes, peak, bandwidth) / per_sweep_round,
         "compile_s_sweep": compile_sweep,
         "compile_s_single": compile_single,
         "jax": jax.__version__,
@@ -493,8 +586,17 @@ def main(argv=None) -> None:
     if args.write_peer_data:
         result = write_peer_data(args, args.write_peer_data)
     else:
-        result = measure_sweep(args) if args.sweep else measure(args)
+        result = run_configuration(args)
     print(json.dumps(result), flush=True)
+
+
+def run_configuration(args) -> dict:
+    """`measure` or `measure_sweep`, under `--matmul-precision` where given."""
+    if args.matmul_precision is None:
+        return measure_sweep(args) if args.sweep else measure(args)
+    with jax.default_matmul_precision(args.matmul_precision):
+        result = measure_sweep(args) if args.sweep else measure(args)
+    return {**result, "matmul_precision": args.matmul_precision}
 
 
 if __name__ == "__main__":

@@ -49,6 +49,28 @@ PRESETS = {
         "--workload emnist-cnn --rounds 1 --repeats 2",
         "--workload emnist-cnn --rounds 1 --repeats 2 --algorithm deltafl",
     ],
+    # Issue 14: the fused local-training kernel against the scan, side by side
+    # on one machine (JAXFL_FUSED_WARPS picks the kernel's warps per program).
+    "gpu-fused": [
+        "--workload emnist-linear --strategy vmap --rounds 100 --loop scan",
+        "--workload emnist-linear --strategy vmap --rounds 200 --loop fused",
+        "--workload emnist-linear --strategy vmap --rounds 100 --loop scan --algorithm deltafl",
+        "--workload emnist-linear --strategy vmap --rounds 200 --loop fused --algorithm deltafl",
+        "--workload label-shift --strategy vmap --rounds 200 --loop scan",
+        "--workload label-shift --strategy vmap --rounds 400 --loop fused",
+        "--workload label-shift --strategy vmap --rounds 400 --loop fused --algorithm deltafl",
+        "--workload synthetic-small --strategy vmap --rounds 100 --loop scan",
+        "--workload synthetic-small --strategy vmap --rounds 400 --loop fused",
+        "--workload population --population 1000000 --strategy vmap --rounds 400 --loop fused",
+        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64 --loop scan --sweep-seeds same",
+        "--workload emnist-linear --strategy vmap --rounds 10 --sweep 64 --loop fused --sweep-seeds same",
+        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64 --loop scan",
+        "--workload emnist-linear --strategy vmap --rounds 10 --sweep 64 --loop fused",
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
+        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --matmul-precision bfloat16",
+        "--workload emnist-cnn --strategy chunked:25 --loop while --rounds 5 --repeats 2 "
+        "--matmul-precision bfloat16",
+    ],
     "gpu-convnet": [
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --conv patches",
@@ -82,11 +104,7 @@ def main() -> None:
         start = time.perf_counter()
         try:
             config = rounds_per_second._parse(shlex.split(line))
-            result = (
-                rounds_per_second.measure_sweep(config)
-                if config.sweep
-                else rounds_per_second.measure(config)
-            )
+            result = rounds_per_second.run_configuration(config)
         except Exception as error:  # Keep measuring the others.
             traceback.print_exc()
             result = {"config": line, "error": repr(error)}

@@ -209,9 +209,11 @@ def fused_local_sgd_kernel(
     features = lax.broadcasted_iota(jnp.int32, (layout.padded_batch, tile), 1)
 
     def sync():
-        # Orders each step's weight writes before the next step's reads by
-        # other threads of the program (a CTA barrier; nothing to order in the
-        # interpreter, which runs the program as one sequence).
+        # Orders the program's reads and writes of its weights across its
+        # threads: the weights live in global memory, written and re-read by
+        # the same program, and two threads may touch one element (a CTA
+        # barrier; nothing to order in the interpreter, which runs the
+        # program as one sequence).
         if not interpret:
             plgpu.debug_barrier()
 
@@ -276,6 +278,7 @@ def fused_local_sgd_kernel(
             inputs.append(hidden)
             hidden = out[2 * layer + 1][client, :][None, :] + plgpu.dot(hidden, out[2 * layer][client, :, :])
         loss, gradient = _loss_and_gradient(layout, hidden, labels, valid)
+        sync()  # Every thread has read this step's weights before any is overwritten.
 
         # Backward, from the last layer; each layer's input gradient uses its
         # weights before this step's update.
@@ -283,6 +286,7 @@ def fused_local_sgd_kernel(
             below = inputs[layer - 1]
             weight_gradient = plgpu.dot(below, gradient, trans_a=True)
             input_gradient = plgpu.dot(gradient, out[2 * layer][client, :, :], trans_b=True)
+            sync()
             update(layer, slice(None), weight_gradient)
             update_bias(layer, jnp.sum(gradient, axis=0))
             gradient = jnp.where(below > 0, input_gradient, 0.0)

@@ -366,9 +366,10 @@ class RunConfig:
     )
     local_loop: str = _field(
         "auto",
-        "local steps as a scan of fixed length or a while loop of the client's "
-        "own length (same result; auto: scan on GPU/TPU, while on CPU)",
-        choices=("auto", "scan", "while"),
+        "local steps as a scan of fixed length, a while loop of the client's own "
+        "length, or one fused kernel per round for linear and MLP models on a GPU "
+        "(same result; auto: fused on GPU, scan on TPU, while on CPU)",
+        choices=("auto", "scan", "while", "fused"),
     )
     eval_every: int = _field(200, "evaluate every this many rounds", low=1)
     seed: int = _field(0, "random seed", low=0, high=2**31 - 1)

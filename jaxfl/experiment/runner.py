@@ -107,14 +107,27 @@ def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
 
 
 def choose_local_loop(text: str) -> str:
-    """'auto' resolves from measurements (benchmarks/RESULTS.md): on an H100
-    the fixed-length scan ran emnist-linear at 418 rounds/s against 258 for
-    the while loop; on the 2-core CPU the while loop, which skips padding
-    steps, was faster in every layout (4.58 vs 4.20 rounds/s sequential).
+    """'auto' resolves from measurements (benchmarks/RESULTS.md): on a GPU the
+    fused kernel (`jaxfl.training.fused`, dense models; the scan for the
+    others); on an H100 the fixed-length scan ran emnist-linear at 418
+    rounds/s against 258 for the while loop, so TPUs take the scan; on the
+    2-core CPU the while loop, which skips padding steps, was faster in
+    every layout (4.58 vs 4.20 rounds/s sequential).
+
+    Raises:
+      ConfigError: 'fused' off a GPU (its kernel is a Triton one; on CPU
+        it runs only in the Pallas interpreter, for tests).
     """
+    backend = jax.default_backend()
+    if text == "fused" and backend != "gpu":
+        raise ConfigError(
+            f"local_loop 'fused' needs a GPU (the backend is {backend}); use scan, while or auto"
+        )
     if text != "auto":
         return text
-    return "scan" if jax.default_backend() in ("gpu", "tpu") else "while"
+    if backend == "gpu":
+        return "fused"
+    return "scan" if backend == "tpu" else "while"
 
 
 def local_hparams(config: RunConfig) -> dict[str, float]:

@@ -24,6 +24,8 @@ the Pallas interpreter, which is for tests: slow.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +35,11 @@ from jaxfl.kernels.local_training import DenseLayout, fused_local_sgd, supports
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, minibatch_rows
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params
+
+
+def _num_warps() -> int:
+    """Warps per program: JAXFL_FUSED_WARPS, else 4 (benchmarks/RESULTS.md, issue 14)."""
+    return int(os.environ.get("JAXFL_FUSED_WARPS", "4"))
 
 
 def _layer(params: Params, path) -> dict:
@@ -145,6 +152,7 @@ def train_fused(
         zero if hparams.prox_mu is None else hparams.prox_mu,
         layout=layout,
         interpret=jax.default_backend() == "cpu",
+        num_warps=_num_warps(),
     )
     # The parameter tree with a client axis (every leaf of a dense stack is a
     # layer's kernel or bias, all replaced below).

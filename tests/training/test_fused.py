@@ -287,3 +287,12 @@ def test_native_kernel_matches_reference_at_benchmark_sizes(widths, batch):
         want = fused_local_sgd_reference(layers, layers, x, y, rows, num_steps, 0.05, 0.001, 0.1,
                                          layout=layout)
     _assert_trees_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_refuses_the_fused_loop_off_a_gpu(tmp_path, capsys):
+    from reference import TINY_LABEL_SHIFT, assert_cli_refuses
+
+    out = tmp_path / "run"
+    argv = ["run", *TINY_LABEL_SHIFT, "--clients-per-round", "5", "--rounds", "1", "--local-loop", "fused",
+            "--out", str(out)]
+    assert_cli_refuses(argv, ["local_loop", "fused", "needs a GPU"], out, capsys)
