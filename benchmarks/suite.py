@@ -71,6 +71,14 @@ PRESETS = {
         "--workload emnist-cnn --strategy chunked:25 --loop while --rounds 5 --repeats 2 "
         "--matmul-precision bfloat16",
     ],
+    # Rounds fused into one call on the GPU (dispatch cost per call).
+    "gpu-probe": [
+        "--workload emnist-linear --strategy vmap --rounds 100 --loop scan --rounds-per-call 10",
+        "--workload emnist-linear --strategy vmap --rounds 200 --loop fused --rounds-per-call 10",
+        "--workload label-shift --strategy vmap --rounds 200 --loop scan --rounds-per-call 20",
+        "--workload label-shift --strategy vmap --rounds 400 --loop fused --rounds-per-call 20",
+        "--workload synthetic-small --strategy vmap --rounds 400 --loop fused --rounds-per-call 20",
+    ],
     "gpu-convnet": [
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
         "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --conv patches",

@@ -75,11 +75,13 @@ class DenseLayout:
       batch: B, the real minibatch size.
       loss: 'softmax' (one label among out_{L-1} classes) or 'logistic'
         (one binary label, out_{L-1} = 1).
+      max_tile: the most first-layer features read per tile (a power of two).
     """
 
     widths: tuple[int, ...]
     batch: int
     loss: str = "softmax"
+    max_tile: int = 128
 
     def __post_init__(self):
         if len(self.widths) < 2 or min(self.widths) < 1:
@@ -112,7 +114,7 @@ class DenseLayout:
     def tile(self) -> int:
         """Features of the first layer read per tile (a power of two)."""
         widest = max(_MIN_WIDTH, _TILE_FLOATS // self.padded_out[0])
-        return min(_padded(self.widths[0]), 128, widest)
+        return min(_padded(self.widths[0]), self.max_tile, widest)
 
     @property
     def num_tiles(self) -> int:
@@ -121,6 +123,23 @@ class DenseLayout:
     @property
     def padded_in(self) -> tuple[int, ...]:
         return (self.num_tiles * self.tile, *self.padded_out[:-1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How the kernel runs on a GPU (results do not depend on it).
+
+    Attributes:
+      num_warps: warps per program.
+      num_stages: Triton's software-pipelining depth of the tile loops.
+      tile_loop: the first layer's tiles as a loop (which Triton can
+        pipeline: the next tiles' loads in flight during this tile's product)
+        rather than unrolled.
+    """
+
+    num_warps: int = 4
+    num_stages: int = 1
+    tile_loop: bool = False
 
 
 def supports(widths: tuple[int, ...], batch: int, loss: str) -> str | None:
@@ -188,6 +207,7 @@ def fused_local_sgd_kernel(
     *refs,
     layout: DenseLayout,
     start_per_client: bool,
+    tile_loop: bool,
     interpret: bool,
 ):
     """One client: `num_steps[c]` SGD steps on its own output weights.
@@ -268,10 +288,16 @@ def fused_local_sgd_kernel(
         labels = plgpu.load(y_ref.at[rows], mask=valid, other=0).astype(jnp.int32)
 
         # Forward: the first layer over feature tiles, then the others whole.
-        hidden = out[1][client, :][None, :]
-        for tile_index in range(layout.num_tiles):
+        def forward_tile(tile_index, hidden):
             block = weight_block(0, tile_index)
-            hidden = hidden + plgpu.dot(load_features(rows, valid, tile_index), out[0][client, block, :])
+            return hidden + plgpu.dot(load_features(rows, valid, tile_index), out[0][client, block, :])
+
+        hidden = jnp.broadcast_to(out[1][client, :][None, :], (layout.padded_batch, layout.padded_out[0]))
+        if tile_loop:
+            hidden = lax.fori_loop(0, layout.num_tiles, forward_tile, hidden)
+        else:
+            for tile_index in range(layout.num_tiles):
+                hidden = forward_tile(tile_index, hidden)
         inputs = []
         for layer in range(1, num_layers):
             hidden = jnp.maximum(hidden, 0.0)
@@ -290,9 +316,16 @@ def fused_local_sgd_kernel(
             update(layer, slice(None), weight_gradient)
             update_bias(layer, jnp.sum(gradient, axis=0))
             gradient = jnp.where(below > 0, input_gradient, 0.0)
-        for tile_index in range(layout.num_tiles):
+        def backward_tile(tile_index, carry):
             block = weight_block(0, tile_index)
             update(0, block, plgpu.dot(load_features(rows, valid, tile_index), gradient, trans_a=True))
+            return carry
+
+        if tile_loop:
+            lax.fori_loop(0, layout.num_tiles, backward_tile, jnp.zeros((), jnp.int32))
+        else:
+            for tile_index in range(layout.num_tiles):
+                backward_tile(tile_index, None)
         update_bias(0, jnp.sum(gradient, axis=0))
         sync()
         return loss_sum + loss
@@ -306,7 +339,7 @@ def _prepare_hparams(lr, l2, mu):
     return jnp.stack([jnp.asarray(v, jnp.float32) for v in (lr, l2, mu)] + [jnp.zeros((), jnp.float32)])
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("layout", "interpret", "schedule"))
 def fused_local_sgd(
     layers,
     anchors,
@@ -320,7 +353,7 @@ def fused_local_sgd(
     *,
     layout: DenseLayout,
     interpret: bool = False,
-    num_warps: int = 4,
+    schedule: Schedule = Schedule(),  # noqa: B008 (frozen, hashable)
 ):
     """Local SGD of M clients on a dense ReLU stack, all steps of a client in one program.
 
@@ -341,7 +374,7 @@ def fused_local_sgd(
       mu: the proximal term's weight (0: off).
       layout: static shapes (`DenseLayout`).
       interpret: run in the Pallas interpreter (CPU).
-      num_warps: warps per program on GPU.
+      schedule: how the kernel runs on a GPU (`Schedule`).
 
     Returns:
       (the clients' final weights, same structure with a leading M axis;
@@ -364,6 +397,7 @@ def fused_local_sgd(
         fused_local_sgd_kernel,
         layout=layout,
         start_per_client=layers[0][0].ndim == 3,
+        tile_loop=schedule.tile_loop,
         interpret=interpret,
     )
     *flat_out, mean_loss = pl.pallas_call(
@@ -371,7 +405,9 @@ def fused_local_sgd(
         out_shape=tuple(out_shape),
         grid=(num_clients,),
         interpret=interpret,
-        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=None
+        if interpret
+        else plgpu.CompilerParams(num_warps=schedule.num_warps, num_stages=schedule.num_stages),
     )(rows, num_steps.astype(jnp.int32), _prepare_hparams(lr, l2, mu), features, labels,
       *flat_start, *flat_anchor)
     trained = list(zip(flat_out[0::2], flat_out[1::2], strict=True))
@@ -387,18 +423,18 @@ def _stack_logits(layers, x):
     return hidden
 
 
-@functools.partial(jax.jit, static_argnames=("layout", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("layout", "interpret", "schedule"))
 def fused_local_sgd_reference(
     layers, anchors, features, labels, rows, num_steps, lr, l2=0.0, mu=0.0, *,
-    layout: DenseLayout, interpret: bool = False, num_warps: int = 4,
+    layout: DenseLayout, interpret: bool = False, schedule: Schedule = Schedule(),  # noqa: B008
 ):
     """Pure-jnp reference of `fused_local_sgd`, with the same signature.
 
     Each client (under `vmap`) runs a `fori_loop` of its own steps, with
     `jax.value_and_grad` of the mean optax loss over the valid rows
-    (`interpret` and `num_warps` are accepted and ignored).
+    (`interpret` and `schedule` are accepted and ignored).
     """
-    del interpret, num_warps  # Unused: no kernel here.
+    del interpret, schedule  # Unused: no kernel here.
     features = features.reshape(features.shape[0], -1).astype(jnp.float32)
     layers = [(k.astype(jnp.float32), b.astype(jnp.float32)) for k, b in layers]
 

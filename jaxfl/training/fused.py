@@ -24,22 +24,19 @@ the Pallas interpreter, which is for tests: slow.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.kernels.local_training import DenseLayout, fused_local_sgd, supports
+from jaxfl.kernels.local_training import DenseLayout, Schedule, fused_local_sgd, supports
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, minibatch_rows
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params
 
-
-def _num_warps() -> int:
-    """Warps per program: JAXFL_FUSED_WARPS, else 4 (benchmarks/RESULTS.md, issue 14)."""
-    return int(os.environ.get("JAXFL_FUSED_WARPS", "4"))
+# How the kernel runs on a GPU, from measurements (benchmarks/fused_kernel.py,
+# benchmarks/RESULTS.md).
+SCHEDULE = Schedule(num_warps=8)
 
 
 def _layer(params: Params, path) -> dict:
@@ -152,7 +149,7 @@ def train_fused(
         zero if hparams.prox_mu is None else hparams.prox_mu,
         layout=layout,
         interpret=jax.default_backend() == "cpu",
-        num_warps=_num_warps(),
+        schedule=SCHEDULE,
     )
     # The parameter tree with a client axis (every leaf of a dense stack is a
     # layer's kernel or bias, all replaced below).
