@@ -54,22 +54,14 @@ PRESETS = {
     "gpu-fused": [
         "--workload emnist-linear --strategy vmap --rounds 100 --loop scan",
         "--workload emnist-linear --strategy vmap --rounds 200 --loop fused",
-        "--workload emnist-linear --strategy vmap --rounds 100 --loop scan --algorithm deltafl",
         "--workload emnist-linear --strategy vmap --rounds 200 --loop fused --algorithm deltafl",
         "--workload label-shift --strategy vmap --rounds 200 --loop scan",
         "--workload label-shift --strategy vmap --rounds 400 --loop fused",
-        "--workload label-shift --strategy vmap --rounds 400 --loop fused --algorithm deltafl",
-        "--workload synthetic-small --strategy vmap --rounds 100 --loop scan",
         "--workload synthetic-small --strategy vmap --rounds 400 --loop fused",
-        "--workload population --population 1000000 --strategy vmap --rounds 400 --loop fused",
-        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64 --loop scan --sweep-seeds same",
         "--workload emnist-linear --strategy vmap --rounds 10 --sweep 64 --loop fused --sweep-seeds same",
-        "--workload emnist-linear --strategy vmap --rounds 5 --sweep 64 --loop scan",
         "--workload emnist-linear --strategy vmap --rounds 10 --sweep 64 --loop fused",
-        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2",
-        "--workload emnist-cnn --strategy vmap --rounds 5 --repeats 2 --matmul-precision bfloat16",
-        "--workload emnist-cnn --strategy chunked:25 --loop while --rounds 5 --repeats 2 "
-        "--matmul-precision bfloat16",
+        "--workload emnist-linear --strategy vmap --rounds 100 --loop fused --rounds-per-call 10",
+        "--workload label-shift --strategy vmap --rounds 400 --loop fused --rounds-per-call 20",
     ],
     # Rounds fused into one call on the GPU (dispatch cost per call).
     "gpu-probe": [
