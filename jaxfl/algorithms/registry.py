@@ -37,6 +37,7 @@ from jaxfl.algorithms.fedavg import fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
+from jaxfl.algorithms.l2sgd import l2sgd
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.term import term
@@ -306,6 +307,34 @@ SPECS["ditto"] = AlgorithmSpec(
         **{k: v for g in DITTO_GLOBALS for k, v in SPECS[g].options.items()},
     },
 )
+
+def _build_l2sgd(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    del options  # None.
+    robustness = engine.robustness
+    if robustness is not None and (
+        (robustness.aggregator is not None and robustness.aggregator.name != "mean")
+        or robustness.attack is not None
+    ):
+        raise ValueError(
+            "l2sgd sends no updates to aggregate: robust aggregators and update attacks do not apply "
+            "(data attacks do)"
+        )
+    if engine.num_clients is None:
+        raise ValueError("l2sgd needs the number of training clients (Engine.num_clients)")
+    return l2sgd(
+        engine.task, engine.local, engine.clients_per_round, engine.num_clients, strategy=engine.strategy
+    )
+
+
+SPECS["l2sgd"] = AlgorithmSpec(
+    _build_l2sgd,
+    "L2SGD (thesis 5.5): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
+    "no server optimizer",
+    hparams=("lam",),
+)
+
+# Algorithms whose state holds one personal model per training client.
+PERSONAL_MODEL_ALGORITHMS = ("ditto", "l2sgd")
 
 # name -> (builder, description): the registry's original shape, kept for
 # callers that only list names and descriptions.

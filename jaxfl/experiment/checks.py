@@ -23,6 +23,7 @@ import math
 import jax
 import numpy as np
 
+from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS
 from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, unused_partition_options
 from jaxfl.data.memory import available_memory, check_memory
 from jaxfl.data.population import FederatedDataset
@@ -149,17 +150,18 @@ def check_round_fits(
         f"{config.model} ({num_parameters:,} parameters) for {at_once} clients at once "
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
-    if "ditto" in config.algorithms:
+    personal_algorithms = [name for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS]
+    for name in personal_algorithms:
         # One float32 personal model per training client, held with the state
         # (docs/personalization.md).
         personal = dataset.train.num_clients * num_parameters * 4
         needed += personal
-        what += f" with ditto's {dataset.train.num_clients:,} personal models ({personal:,} bytes)"
+        what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes)"
     try:
         check_memory(
             needed, what, available=available, resource=resource,
             hint="lower batch_size, clients_per_round or the model's size, or use --strategy sequential"
-            + ("; ditto: fewer training clients" if "ditto" in config.algorithms else ""),
+            + (f"; {', '.join(personal_algorithms)}: fewer training clients" if personal_algorithms else ""),
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None

@@ -196,7 +196,7 @@ class RunConfig:
     lam: float = _field(
         1.0,
         "ditto: lambda >= 0 of the personal objective F_k(v) + lambda/2 ||v - w||^2 "
-        "(0: local models only)",
+        "(0: local models only); l2sgd: the same with w the mean of the personal models",
         low=0.0,
     )
     ditto_global: str = _field(

@@ -233,3 +233,34 @@ def fedavg_reference(params, key, num_rounds, **kwargs):
     """Plain FedAvg by the reference (alpha-weighted mean of updates)."""
     kernel, bias, _ = reference_rounds(params, key, num_rounds, **kwargs)
     return kernel, bias
+
+
+def proximal_steps_reference(kernel, bias, data, orders, anchor_kernel, anchor_bias, lam, lr, local=LOCAL):
+    """A personal model's local SGD by hand: v <- v - lr (grad F_k(v) + lam (v - anchor)).
+
+    Over the minibatches of `orders` (`[E, max_count]`, the engine's epoch
+    orders), float64; Ditto's and L2SGD's personal steps.
+    """
+    kernel, bias = np.array(kernel, np.float64), np.array(bias, np.float64)
+    count = len(data["y"])
+    for epoch in range(local.num_epochs):
+        order = orders[epoch][:count]
+        for start in range(0, count, local.batch_size):
+            rows = order[start : start + local.batch_size]
+            x, y = data["x"][rows], data["y"][rows]
+            grad_kernel, grad_bias, _ = softmax_regression_grad(kernel, bias, x, y)
+            kernel = kernel - lr * (grad_kernel + lam * (kernel - anchor_kernel))
+            bias = bias - lr * (grad_bias + lam * (bias - anchor_bias))
+    return kernel, bias
+
+
+def client_orders(keys, client):
+    """The epoch orders of `client`'s local training in the round of `keys`."""
+    return np.asarray(
+        _epoch_orders(
+            jax.random.fold_in(keys.clients, int(client)),
+            POPULATION.counts[client],
+            POPULATION.max_count,
+            LOCAL.num_epochs,
+        )
+    )

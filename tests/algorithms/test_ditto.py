@@ -23,9 +23,10 @@ from algorithms.reference_rounds import (
     assert_params_close,
     fedavg_reference,
     initial_params,
+    proximal_steps_reference,
     run_rounds,
 )
-from reference import local_sgd_reference, softmax_regression_grad
+from reference import local_sgd_reference
 
 from jaxfl.algorithms import deltafl, fedavg
 from jaxfl.algorithms.ditto import ditto
@@ -75,16 +76,9 @@ def personal_reference(w0, key, num_rounds, lam):
             )
             deltas.append((k - kernel, b - bias))
             # The personal model: same minibatches, anchored at w_t.
-            vk, vb = v_kernel[i].copy(), v_bias[i].copy()
-            count = len(data["y"])
-            for epoch in range(LOCAL.num_epochs):
-                order = orders[epoch][:count]
-                for start in range(0, count, LOCAL.batch_size):
-                    rows = order[start : start + LOCAL.batch_size]
-                    gk, gb, _ = softmax_regression_grad(vk, vb, data["x"][rows], data["y"][rows])
-                    vk = vk - LR * (gk + lam * (vk - kernel))
-                    vb = vb - LR * (gb + lam * (vb - bias))
-            v_kernel[i], v_bias[i] = vk, vb
+            v_kernel[i], v_bias[i] = proximal_steps_reference(
+                v_kernel[i], v_bias[i], data, orders, kernel, bias, lam, LR
+            )
         weights = alpha / alpha.sum()
         kernel = kernel + sum(w * d[0] for w, d in zip(weights, deltas, strict=True))
         bias = bias + sum(w * d[1] for w, d in zip(weights, deltas, strict=True))

@@ -67,7 +67,7 @@ FLAGS = [
 # several algorithms give each its own hyperparameters.
 GROUPS = [
     ["fedavg", "fedavg-sub", "deltafl", "ditto"],
-    ["fedsgd", "fedprox", "qffl"],
+    ["fedsgd", "fedprox", "qffl", "l2sgd"],
     ["afl", "afl-qffl", "term"],
     ["dp-fedavg", "dp-deltafl"],
 ]

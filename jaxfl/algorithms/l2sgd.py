@@ -1,0 +1,141 @@
+"""L2SGD (Hanzely and Richtarik 2020), a personalization baseline of thesis section 5.5.
+
+The objective of "Federated learning of a mixture of global and local
+models", as the thesis uses it (`shared/notes/thesis-spec.md` section 5.5):
+
+    min over w_1..w_N of  sum_k F_k(w_k) + lambda/2 sum_k ||w_k - w_bar||^2,
+    w_bar = (1/N) sum_k w_k.
+
+Its gradient in w_k is grad F_k(w_k) + lambda (w_k - w_bar) (the terms
+through w_bar sum to lambda/N sum_j (w_j - w_bar) = 0), so with partial
+participation each sampled client runs local SGD on its own block,
+
+    w_k <- w_k - lr (grad F_k(w_k; batch) + lambda (w_k - w_bar_t)),
+
+with w_bar_t fixed during the round, from its current w_k (all w_k^0 = w^0),
+and the server then recomputes w_bar_{t+1} as the plain mean of all N
+personal models (the clients not sampled keep theirs). These are Ditto's
+personal steps (`jaxfl.algorithms.ditto`) with the mean of the personal
+models in place of a separately trained global model: lambda = 0 trains
+local models, large lambda pulls every w_k to one shared model.
+
+State: `params` is w_bar (what the global evaluation reports), `clients`
+the personal models, leaves `[N, ...]` (evaluated as personal models, like
+Ditto's). Client k's key is `fold_in(keys.clients, k)`, so at the same seed
+it visits the minibatches of its FedAvg and Ditto training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    ServerState,
+    local_learning_rate,
+    resolve_hparams,
+    tree_norm,
+)
+from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
+from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.cohort import round_keys, select_cohort, train_personal_models
+from jaxfl.training.local import LocalHParams, LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key, Metrics, Params
+
+L2SGD_HPARAM_DEFAULTS = {**LOCAL_HPARAM_DEFAULTS, "lam": 1.0}
+
+
+def l2sgd(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    num_clients: int,
+    *,
+    strategy: ClientStrategy,
+    name: str = "l2sgd",
+) -> FederatedAlgorithm:
+    """L2SGD with partial participation (module docstring).
+
+    Args:
+      task: model and loss.
+      local: the static local-training shape.
+      clients_per_round: M.
+      num_clients: N, the training clients (rows of the personal models).
+      strategy: how the cohort's clients are laid out.
+      name: registry name.
+
+    Returns:
+      The `FederatedAlgorithm`; hyperparameters: the local ones and 'lam'.
+
+    Raises:
+      ValueError: num_clients < 1.
+    """
+    if num_clients < 1:
+        raise ValueError(f"l2sgd needs num_clients >= 1, got {num_clients}")
+
+    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
+        personal = jax.tree.map(
+            lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)).copy(), params
+        )
+        return ServerState(
+            round=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=(),
+            hparams=resolve_hparams(L2SGD_HPARAM_DEFAULTS, hparams),
+            clients=personal,
+        )
+
+    def round_fn(
+        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
+    ) -> tuple[ServerState, Metrics]:
+        keys = round_keys(key, state.round)
+        cohort = select_cohort(keys.sampling, population, clients_per_round)
+        personal = jax.tree.map(lambda rows: rows[cohort.client_ids], state.clients)
+        hparams = LocalHParams(
+            lr=local_learning_rate(state.hparams, state.round),
+            l2=state.hparams["l2"],
+            prox_mu=state.hparams["lam"],
+        )
+        trained = train_personal_models(
+            task,
+            local,
+            strategy,
+            state.params,
+            personal,
+            cohort.population,
+            cohort.client_ids,
+            keys.clients,
+            hparams,
+            slots=cohort.slots,
+        )
+        # The cohort's ids are distinct (sampling without replacement).
+        clients = jax.tree.map(
+            lambda rows, new: rows.at[cohort.client_ids].set(new, unique_indices=True),
+            state.clients,
+            trained.params,
+        )
+        # The mean of all N, recomputed (not updated by the cohort's change,
+        # whose rounding would drift over thousands of rounds).
+        mean = jax.tree.map(lambda rows: jnp.mean(rows, axis=0), clients)
+        metrics = {
+            "train_loss": jnp.mean(trained.mean_batch_loss),
+            "update_norm": tree_norm(jax.tree.map(jnp.subtract, mean, state.params)),
+            "clients_with_weight": jnp.asarray(clients_per_round, jnp.int32),
+            "local_steps": jnp.mean(trained.num_steps.astype(jnp.float32)),
+        }
+        new_state = ServerState(
+            round=state.round + 1,
+            params=mean,
+            opt_state=state.opt_state,
+            hparams=state.hparams,
+            extra=state.extra,
+            clients=clients,
+            aggregator=state.aggregator,
+        )
+        return new_state, metrics
+
+    return FederatedAlgorithm(name=name, init=init, round=round_fn, hparam_defaults=L2SGD_HPARAM_DEFAULTS)
