@@ -209,6 +209,11 @@ class RunConfig:
         "model for this many epochs of local SGD at --lr (thesis 5.5: 50), reported as its personal "
         "model (0: off)", low=0, high=10_000,
     )
+    finetune_ewc: float | None = _field(
+        None, "personalization baseline EWC (thesis 5.5): fine-tune with lambda/2 sum_i F_ii "
+        "(w_i - w*_i)^2, F the diagonal Fisher of the global model w* on each client's first "
+        "minibatch; needs --finetune-epochs", low=0.0, optional=True,
+    )
     client_split: float | None = _field(
         None,
         "personalization: hold out this fraction in (0, 1) of every training client's "
@@ -731,6 +736,8 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError(
             f"strategy {_shown(config.strategy)}: the chunk size K must be an integer in [1, {INT32_MAX}]"
         )
+    if config.finetune_ewc is not None and not config.finetune_epochs:
+        raise ConfigError("finetune_ewc fine-tunes with EWC's penalty: it needs finetune_epochs >= 1")
     dp_algorithms = [name for name in names if name in ("dp-fedavg", "dp-deltafl")]
     if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
         raise ConfigError(

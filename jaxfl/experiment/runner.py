@@ -467,17 +467,19 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
 
     E epochs of the run's local SGD (batch size, learning rate at the final
     round) from the final global model on each client's training examples,
-    with key `fold_in(fold_in(run_key, FINETUNE_STREAM), k)`; evaluated as
-    personal models (`personal_*` summaries and columns).
+    with key `fold_in(fold_in(run_key, FINETUNE_STREAM), k)`, with EWC's
+    Fisher-weighted penalty under `--finetune-ewc`; evaluated as personal
+    models (`personal_*` summaries and columns).
     """
     config, engine = run_setup.config, run_setup.engine
     local = dataclasses.replace(engine.local, num_epochs=config.finetune_epochs, max_steps=None)
     train = run_setup.dataset.train
     population = train.to_device() if isinstance(train, HostPopulation) else train
     lr = local_learning_rate(state.hparams, state.round)
+    ewc_lam = None if config.finetune_ewc is None else jnp.float32(config.finetune_ewc)
     return _finetune(
         engine.task, local, engine.strategy, state.params, population,
-        jax.random.fold_in(run_key, FINETUNE_STREAM), lr,
+        jax.random.fold_in(run_key, FINETUNE_STREAM), lr, ewc_lam=ewc_lam,
     ).params
 
 

@@ -18,7 +18,9 @@ from jaxfl.training.local import (
     LocalTraining,
     Task,
     client_loss_and_error,
+    diagonal_fisher,
     local_sgd,
+    minibatch_rows,
 )
 from jaxfl.training.sampling import sample_without_replacement
 from jaxfl.training.strategies import ClientStrategy, map_clients
@@ -217,6 +219,7 @@ def train_personal_models(
     hparams: LocalHParams,
     *,
     slots: jax.Array | None = None,
+    prox_weights: Params | None = None,
 ) -> PersonalResults:
     """Trains each cohort client's personal model towards `anchor`.
 
@@ -240,6 +243,8 @@ def train_personal_models(
       clients_key: base of the per-client keys (the round's `keys.clients`).
       hparams: learning rate and `prox_mu` = lambda (l2 is not applied).
       slots: `[M]` where each client's examples are in `population`.
+      prox_weights: optional per-client weights of the proximal term,
+        leaves `[M, ...]` (EWC's diagonal Fisher): mu F_i (v_i - w_i).
 
     Returns:
       The trained personal models and their step counts and losses.
@@ -252,7 +257,10 @@ def train_personal_models(
         "active": jnp.ones(num_clients, bool),
         "start": personal,
     }
-    layout = fused_layout(task, local, strategy, anchor, population)
+    if prox_weights is not None:
+        per_client["prox_weights"] = prox_weights
+    # The kernel's proximal term is one scalar: per-coordinate weights run as the scan.
+    layout = None if prox_weights is not None else fused_layout(task, local, strategy, anchor, population)
     if layout is not None:
         trained, num_steps, mean_loss = train_fused(
             task, local, layout, personal, anchor, population, slots, per_client["key"], hparams
@@ -261,6 +269,8 @@ def train_personal_models(
 
     def client_fn(shared, client):
         anchor, population, hparams = shared
+        if "prox_weights" in client:
+            hparams = hparams._replace(prox_weights=client["prox_weights"])
         result = local_sgd(
             task,
             client["start"],
@@ -287,13 +297,20 @@ def finetune_models(
     population: ClientPopulation,
     key: Key,
     lr: jax.Array,
+    *,
+    ewc_lam: jax.Array | None = None,
 ) -> PersonalResults:
-    """Every client's model fine-tuned from `params` (thesis section 5.5, "plain finetuning").
+    """Every client's model fine-tuned from `params` (thesis section 5.5, "plain finetuning", EWC).
 
     Client k runs `local` (its epochs: the thesis uses 50) of minibatch SGD
     with learning rate `lr` on all its examples, starting from the global
     model, with key `fold_in(key, k)`. A personalization baseline computed
     once after training; the models are evaluated like Ditto's.
+
+    With `ewc_lam` (EWC, thesis-spec 5.5): client k minimizes
+    F_k(w) + ewc_lam/2 sum_i F_ii (w_i - w*_i)^2, F its diagonal empirical
+    Fisher at the global model w* on one minibatch (its first: the first
+    batch of its first fine-tuning epoch; `diagonal_fisher`).
 
     Returns:
       Each client's fine-tuned model (leaves `[N, ...]`), steps and mean loss.
@@ -301,8 +318,21 @@ def finetune_models(
     num_clients = population.num_clients
     client_ids = jnp.arange(num_clients, dtype=jnp.int32)
     start = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)), params)
+    hparams, fisher = LocalHParams(lr=lr), None
+    if ewc_lam is not None:
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)
+
+        def client_fisher(shared, client):
+            params, population = shared
+            steps = local.num_steps(population.counts[client["id"]])
+            rows = minibatch_rows(population, client["id"], client["key"], steps, local)[0]
+            return diagonal_fisher(task, params, population, rows)
+
+        per_client = {"id": client_ids, "key": keys, "active": jnp.ones(num_clients, bool)}
+        fisher = map_clients(client_fisher, (params, population), per_client, strategy)
+        hparams = LocalHParams(lr=lr, prox_mu=ewc_lam)
     return train_personal_models(
-        task, local, strategy, params, start, population, client_ids, key, LocalHParams(lr=lr)
+        task, local, strategy, params, start, population, client_ids, key, hparams, prox_weights=fisher
     )
 
 

@@ -212,11 +212,15 @@ class LocalHParams(NamedTuple):
 
     `None` switches a term off at trace time (no cost), whereas a value,
     even 0.0, keeps it in the compiled step so that sweeps can vary it.
+    `prox_weights` (a tree like the parameters) weighs the proximal term
+    coordinate by coordinate: mu * F_i (w_i - anchor_i), EWC's diagonal
+    Fisher F (thesis section 5.5).
     """
 
     lr: jax.Array
     l2: jax.Array | None = None
     prox_mu: jax.Array | None = None
+    prox_weights: Params | None = None
 
 
 class LocalResult(NamedTuple):
@@ -300,6 +304,32 @@ def minibatch_rows(
     return jnp.where(valid, offset + order, -1).astype(jnp.int32)
 
 
+def diagonal_fisher(task: Task, params: Params, population: ClientPopulation, rows: jax.Array) -> Params:
+    """The diagonal empirical Fisher of `params` on one minibatch (EWC, thesis section 5.5).
+
+    F_i = mean over the batch's real examples e of (d/dw_i log p(y_e | x_e; w))^2:
+    the squared per-example gradients of the loss (one example's summed
+    loss over its scored targets), averaged. `rows` is `[B]` population
+    rows, -1 for an empty slot (`minibatch_rows`); a batch without an
+    example gives zeros.
+    """
+    valid = rows >= 0
+    batch = {name: feature[jnp.maximum(rows, 0)] for name, feature in population.features.items()}
+
+    def example_loss(p, example):
+        stats = task.example_stats(p, jax.tree.map(lambda leaf: leaf[None], example))
+        return stats.loss[0]
+
+    grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0))(params, batch)
+    count = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
+    weights = valid.astype(jnp.float32) / count
+
+    def mean_square(g):
+        return jnp.tensordot(weights, g * g, axes=(0, 0))
+
+    return jax.tree.map(mean_square, grads)
+
+
 def local_sgd(
     task: Task,
     params: Params,
@@ -364,7 +394,12 @@ def local_sgd(
             return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
 
         loss, grads = jax.value_and_grad(batch_loss)(params)
-        if hparams.prox_mu is not None:
+        if hparams.prox_mu is not None and hparams.prox_weights is not None:
+            grads = jax.tree.map(
+                lambda g, w, w0, f: g + hparams.prox_mu * f * (w - w0),
+                grads, params, anchor, hparams.prox_weights,
+            )
+        elif hparams.prox_mu is not None:
             grads = jax.tree.map(
                 lambda g, w, w0: g + hparams.prox_mu * (w - w0), grads, params, anchor
             )

@@ -52,6 +52,7 @@ def test_the_issue_s_cli_names_are_registered():
         "dp-deltafl",
         # Issue 12: personalization.
         "ditto",
+        "l2sgd",
     } == set(algorithm_names())
 
 

@@ -142,7 +142,7 @@ def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     # Host-resident clients (streamed evaluation) under an attack: the summaries count the benign ones too.
     argv = [
         "run", *TINY, "--algorithm", "fedavg", "--client-split", "0.25", "--finetune-epochs", "2",
-        "--residency", "host", "--attack", "sign-flip", "--attack-fraction", "0.25",
+        "--finetune-ewc", "0.5", "--residency", "host", "--attack", "sign-flip", "--attack-fraction", "0.25",
     ]  # fmt: skip
     assert main([*argv, "--out", str(out)]) == 0
     assert "fedavg (personal)" in capsys.readouterr().out
