@@ -187,28 +187,25 @@ def peak_matmul_gflops(size: int | None = None, repeats: int = 10) -> float:
     """
     if size is None:
         size = 2048 if jax.default_backend() == "cpu" else 4096
-    a = jnp.ones((size, size), jnp.float32)
-    matmul = jax.jit(lambda x: x @ x)
-    matmul(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
+    best = _best_seconds(jax.jit(lambda x: x @ x), jnp.ones((size, size), jnp.float32), repeats)
     return 2 * size**3 / best / 1e9
 
 
 def peak_copy_gbytes_per_s(megabytes: int = 512, repeats: int = 10) -> float:
     """Measured device memory bandwidth: bytes read plus written by `x + 1` on a large array (GB/s)."""
     x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
-    add = jax.jit(lambda v: v + 1.0)
-    add(x).block_until_ready()
+    return 2 * x.nbytes / _best_seconds(jax.jit(lambda v: v + 1.0), x, repeats) / 1e9
+
+
+def _best_seconds(fn, x, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn(x)`, after one untimed call."""
+    fn(x).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        add(x).block_until_ready()
+        fn(x).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return 2 * x.nbytes / best / 1e9
+    return best
 
 
 def min_bytes_per_round(

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import round_keys, select_cohort, train_personal_models
+from jaxfl.training.cohort import round_keys, select_cohort, update_personal_models
 from jaxfl.training.local import LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params
@@ -101,27 +101,11 @@ def ditto(
     ) -> tuple[ServerState, Metrics]:
         keys = round_keys(key, state.round)
         cohort = select_cohort(keys.sampling, population, clients_per_round)
-        personal = jax.tree.map(lambda rows: rows[cohort.client_ids], state.clients)
         hparams = LocalHParams(
             lr=local_learning_rate(state.hparams, state.round), prox_mu=state.hparams["lam"]
         )
-        trained = train_personal_models(
-            task,
-            local,
-            strategy,
-            state.params,
-            personal,
-            cohort.population,
-            cohort.client_ids,
-            keys.clients,
-            hparams,
-            slots=cohort.slots,
-        )
-        # The cohort's ids are distinct (sampling without replacement).
-        clients = jax.tree.map(
-            lambda rows, new: rows.at[cohort.client_ids].set(new, unique_indices=True),
-            state.clients,
-            trained.params,
+        clients, trained = update_personal_models(
+            task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
         )
         new_state, metrics = global_algorithm.round(state, population, key)
         metrics = {

@@ -289,6 +289,47 @@ def train_personal_models(
     return PersonalResults(out["params"], out["num_steps"], out["loss"])
 
 
+def update_personal_models(
+    task: Task,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    anchor: Params,
+    personal_models: Params,
+    cohort: CohortData,
+    clients_key: Key,
+    hparams: LocalHParams,
+) -> tuple[Params, PersonalResults]:
+    """The cohort's rows of `personal_models` (leaves `[N, ...]`) trained and stored back.
+
+    Gathers the cohort's personal models, runs `train_personal_models` toward
+    `anchor` and scatters the results into their rows (the cohort's ids are
+    distinct: sampling without replacement), inside the compiled round: the
+    stateful clients of Ditto and L2SGD.
+
+    Returns:
+      (all N personal models, the cohort's `PersonalResults`).
+    """
+    personal = jax.tree.map(lambda rows: rows[cohort.client_ids], personal_models)
+    trained = train_personal_models(
+        task,
+        local,
+        strategy,
+        anchor,
+        personal,
+        cohort.population,
+        cohort.client_ids,
+        clients_key,
+        hparams,
+        slots=cohort.slots,
+    )
+    stored = jax.tree.map(
+        lambda rows, new: rows.at[cohort.client_ids].set(new, unique_indices=True),
+        personal_models,
+        trained.params,
+    )
+    return stored, trained
+
+
 def finetune_models(
     task: Task,
     local: LocalTraining,

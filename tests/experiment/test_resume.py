@@ -237,7 +237,7 @@ def _wait_for_checkpoint(staging, at_least, process, timeout=120):
     pytest.fail("no checkpoint in time")
 
 
-KILLED = ["run", *BASE, "--rounds", "400", "--eval-every", "100", "--checkpoint-every", "10",
+KILLED = ["run", *BASE, "--rounds", "200", "--eval-every", "50", "--checkpoint-every", "10",
           "--algorithm", "fedavg", "--strategy", "vmap"]
 
 
@@ -258,7 +258,7 @@ def test_a_real_process_killed_then_resumed(how, uninterrupted_process, tmp_path
     out = tmp_path / "killed"
     process = _spawn([*KILLED, "--out", str(out)])
     staging = tmp_path / "killed.partial"
-    at_least = int(np.random.default_rng(3 if how == "SIGKILL" else 4).integers(10, 200))
+    at_least = int(np.random.default_rng(3 if how == "SIGKILL" else 4).integers(10, 100))
     _wait_for_checkpoint(staging, at_least, process)
     process.send_signal(getattr(signal, how))
     _, err = process.communicate(timeout=120)
