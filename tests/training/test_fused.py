@@ -319,3 +319,17 @@ def test_cli_refuses_the_fused_loop_off_a_gpu(tmp_path, capsys):
     argv = ["run", *TINY_LABEL_SHIFT, "--clients-per-round", "5", "--rounds", "1", "--local-loop", "fused",
             "--out", str(out)]
     assert_cli_refuses(argv, ["local_loop", "fused", "needs a GPU"], out, capsys)
+
+
+@pytest.mark.parametrize(
+    "backend, loop", [("gpu", "fused"), ("tpu", "scan"), ("cpu", "while")]
+)
+def test_auto_local_loop_per_backend(backend, loop, monkeypatch):
+    from jaxfl.experiment import runner
+
+    monkeypatch.setattr(runner.jax, "default_backend", lambda: backend)
+    assert runner.choose_local_loop("auto") == loop
+    assert runner.choose_local_loop("scan") == "scan"
+    if backend != "gpu":
+        with pytest.raises(runner.ConfigError, match="needs a GPU"):
+            runner.choose_local_loop("fused")
