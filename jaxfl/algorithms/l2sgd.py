@@ -10,9 +10,10 @@ Its gradient in w_k is grad F_k(w_k) + lambda (w_k - w_bar) (the terms
 through w_bar sum to lambda/N sum_j (w_j - w_bar) = 0), so with partial
 participation each sampled client runs local SGD on its own block,
 
-    w_k <- w_k - lr (grad F_k(w_k; batch) + lambda (w_k - w_bar_t)),
+    w_k <- (1 - lr l2) w_k - lr (grad F_k(w_k; batch) + lambda (w_k - w_bar_t))
 
-with w_bar_t fixed during the round, from its current w_k (all w_k^0 = w^0),
+(l2 is the run's local weight decay, 0 by default, as in every algorithm's
+local steps), with w_bar_t fixed during the round, from its current w_k (all w_k^0 = w^0),
 and the server then recomputes w_bar_{t+1} as the plain mean of all N
 personal models (the clients not sampled keep theirs). These are Ditto's
 personal steps (`jaxfl.algorithms.ditto`) with the mean of the personal

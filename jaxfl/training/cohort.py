@@ -113,7 +113,8 @@ def train_cohort(
     }
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
-    layout = fused_layout(task, local, strategy, params, population)
+    # The kernel's proximal term is one scalar: per-coordinate weights run as the scan.
+    layout = fused_layout(task, local, strategy, params, population) if hparams.prox_weights is None else None
     if layout is not None:
         return _train_cohort_fused(
             task, local, strategy, layout, params, population, client_ids, per_client, hparams,
@@ -241,7 +242,8 @@ def train_personal_models(
       population: the training clients' examples.
       client_ids: `[M]` the cohort's global ids (they key each client).
       clients_key: base of the per-client keys (the round's `keys.clients`).
-      hparams: learning rate and `prox_mu` = lambda (l2 is not applied).
+      hparams: learning rate, `prox_mu` = lambda, and l2 where given (Ditto
+        gives none; L2SGD the run's).
       slots: `[M]` where each client's examples are in `population`.
       prox_weights: optional per-client weights of the proximal term,
         leaves `[M, ...]` (EWC's diagonal Fisher): mu F_i (v_i - w_i).
@@ -260,7 +262,8 @@ def train_personal_models(
     if prox_weights is not None:
         per_client["prox_weights"] = prox_weights
     # The kernel's proximal term is one scalar: per-coordinate weights run as the scan.
-    layout = None if prox_weights is not None else fused_layout(task, local, strategy, anchor, population)
+    per_coordinate = prox_weights is not None or hparams.prox_weights is not None
+    layout = None if per_coordinate else fused_layout(task, local, strategy, anchor, population)
     if layout is not None:
         trained, num_steps, mean_loss = train_fused(
             task, local, layout, personal, anchor, population, slots, per_client["key"], hparams

@@ -12,7 +12,9 @@ when every condition below holds, and `local_sgd` client by client (as
 * one label per example: integer labels `[N]` with logits `[B, C]`, C >= 2
   (softmax cross-entropy), or C = 1 (the logistic loss of a binary label);
 * layer widths up to `MAX_WIDTH` (256) after the first, batch up to 256;
-* one device (not a `sharded` strategy over several).
+* one device (not a `sharded` strategy over several), a GPU (or the CPU's
+  interpreter), and a proximal term of one weight (not EWC's per-coordinate
+  `LocalHParams.prox_weights`).
 
 The result is the same as `local_sgd`'s, step for step: the minibatches are
 the same rows (`minibatch_rows`, from the same epoch orders), the loss is
@@ -68,6 +70,9 @@ def _layout_or_reason(task, local, strategy, params, population):
     model = task.model
     if local.loop != "fused":
         return None, f"the local loop is {local.loop!r}"
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cpu"):
+        return None, f"the kernel is a Triton one (GPU; the interpreter on CPU), the backend is {backend}"
     if not model.dense_layers:
         return None, f"the model {model.name!r} is not a dense stack"
     if model.stochastic:
@@ -82,6 +87,10 @@ def _layout_or_reason(task, local, strategy, params, population):
     if y.ndim != 1 or not (jnp.issubdtype(y.dtype, jnp.integer) or y.dtype == jnp.bool_):
         return None, f"the labels are {y.dtype} {y.shape[1:]}, not one integer per example"
     layers = [_layer(params, path) for path in model.dense_layers]
+    if any(set(layer) != {"kernel", "bias"} for layer in layers) or len(jax.tree.leaves(params)) != 2 * len(
+        layers
+    ):
+        return None, "the parameters hold more than the dense layers' kernels and biases"
     widths = (layers[0]["kernel"].shape[0], *(layer["kernel"].shape[1] for layer in layers))
     if int(np.prod(x.shape[1:])) != widths[0]:
         return None, f"the features {x.shape[1:]} do not flatten to the model's {widths[0]} inputs"

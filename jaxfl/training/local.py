@@ -314,20 +314,21 @@ def diagonal_fisher(task: Task, params: Params, population: ClientPopulation, ro
     example gives zeros.
     """
     valid = rows >= 0
-    batch = {name: feature[jnp.maximum(rows, 0)] for name, feature in population.features.items()}
-
-    def example_loss(p, example):
-        stats = task.example_stats(p, jax.tree.map(lambda leaf: leaf[None], example))
-        return stats.loss[0]
-
-    grads = jax.vmap(jax.grad(example_loss), in_axes=(None, 0))(params, batch)
     count = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
-    weights = valid.astype(jnp.float32) / count
 
-    def mean_square(g):
-        return jnp.tensordot(weights, g * g, axes=(0, 0))
+    def example_loss(p, row):
+        example = {name: feature[row][None] for name, feature in population.features.items()}
+        return task.example_stats(p, example).loss[0]
 
-    return jax.tree.map(mean_square, grads)
+    # One example at a time: a client holds one gradient, not B of them (a
+    # vmap over the batch held B x params per client, N B params under vmap).
+    def add_example(index, total):
+        gradient = jax.grad(example_loss)(params, jnp.maximum(rows[index], 0))
+        weight = valid[index].astype(jnp.float32) / count
+        return jax.tree.map(lambda t, g: t + weight * g * g, total, gradient)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jax.lax.fori_loop(0, rows.shape[0], add_example, zeros)
 
 
 def local_sgd(

@@ -240,12 +240,24 @@ def test_models_that_are_not_fused_fall_back_to_scan():
     assert "above 256" in why_not_fused(Task(wide), fused, VMAP, wide_params, POPULATION)
     scan = dataclasses.replace(fused, loop="scan")
     assert fused_layout(Task(linear), scan, VMAP, params, POPULATION) is None
+    extra = {**params, "temperature": jnp.ones((1,))}
+    assert "more than the dense layers" in why_not_fused(Task(linear), fused, VMAP, extra, POPULATION)
     # The fallback is today's path, exactly.
     client_ids = jnp.asarray([0, 2], jnp.int32)
     hparams = LocalHParams(lr=jnp.float32(0.1))
     train = jax.jit(
         lambda local: train_cohort(Task(wide), local, VMAP, wide_params, POPULATION, client_ids,
                                    jax.random.key(0), hparams),
+        static_argnums=0,
+    )
+    results = [train(local) for local in (fused, dataclasses.replace(fused, loop="scan"))]
+    for left, right in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
+        np.testing.assert_array_equal(left, right)
+    # A per-coordinate proximal term (EWC's) is not the kernel's: the scan runs it.
+    weighted = hparams._replace(prox_mu=jnp.float32(1.0), prox_weights=jax.tree.map(jnp.ones_like, params))
+    train = jax.jit(
+        lambda local: train_cohort(Task(linear), local, VMAP, params, POPULATION, client_ids,
+                                   jax.random.key(0), weighted),
         static_argnums=0,
     )
     results = [train(local) for local in (fused, dataclasses.replace(fused, loop="scan"))]
@@ -333,3 +345,8 @@ def test_auto_local_loop_per_backend(backend, loop, monkeypatch):
     if backend != "gpu":
         with pytest.raises(runner.ConfigError, match="needs a GPU"):
             runner.choose_local_loop("fused")
+    if backend == "tpu":  # The Python API's 'fused' falls back to the scan there.
+        linear = make_model("linear", (9,), 4)
+        fused = LocalTraining(batch_size=4, loop="fused")
+        reason = why_not_fused(Task(linear), fused, VMAP, linear.init(jax.random.key(0)), POPULATION)
+        assert "Triton" in reason
