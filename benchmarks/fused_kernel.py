@@ -14,7 +14,7 @@ pure-XLA reference (`fused_local_sgd_reference`: `vmap` over clients of a
 `fori_loop` of steps). Each line of output is a JSON object. It also checks,
 for the linear model and an MLP, that two launches give the same bits (no
 race between the program's threads) and how far the kernel is from the
-reference at f32 products.
+reference at f32 products, and every schedule against the reference.
 """
 
 from __future__ import annotations
@@ -123,6 +123,19 @@ def main():
         sweep = jax.jit(jax.vmap(lambda lr, schedule=schedule: kernel(layout, schedule, lr=lr)))
         time_variant(f"sweep of {args.settings} lrs, shared minibatches, {schedule}",
                      lambda sweep=sweep: sweep(lrs))
+
+    # Every schedule timed above against the reference at f32 products (only the default is in
+    # the tests marked gpu): the schedule must not change the result.
+    with jax.default_matmul_precision("highest"):
+        want, _ = fused_local_sgd_reference(layers, layers, x, y, rows, steps, lr, layout=layout)
+        for schedule in schedules:
+            try:
+                got, _ = kernel(layout, schedule)
+                error = max(float(jnp.max(jnp.abs(a - b)))
+                            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True))
+                emit({"check": f"schedule {schedule} against the reference", "max_abs_error": error})
+            except Exception as failure:  # Keep checking the others.
+                emit({"check": f"schedule {schedule}", "error": repr(failure)[:400]})
 
     # Races and precision: the kernel twice (bitwise) and against the reference at f32.
     for hidden in ((), (200,)):

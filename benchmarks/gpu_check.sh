@@ -2,8 +2,9 @@
 # Issue 14's GPU check, as one device call: the environment, the tests marked
 # `gpu` (the fused kernel compiled by Triton against its reference), the
 # `gpu-fused` benchmark preset (fused kernel and scan side by side), the kernel
-# at 8 warps, and the README's main job through the CLI. Everything lands under
-# $OUT (default benchmarks/results/gpu-DATE). Installs nothing it does not carry:
+# alone (benchmarks/fused_kernel.py: every schedule timed and checked),
+# Nsight Compute's counters with NCU=1, and the README's main job through the
+# CLI. Everything lands under $OUT (default benchmarks/results/gpu-DATE). Installs nothing it does not carry:
 # jaxfl imports dp-accounting, which the device image lacks, so carry `.whl`
 # holding its wheel (see the device tool's README).
 set -u
@@ -42,12 +43,20 @@ for line in open(sys.argv[1]):
     print(d["config"], {k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keys if k in d})
 PY
 
-echo "== fused kernel at 8 warps"
-for config in "--rounds 200" "--rounds 10 --sweep 64 --sweep-seeds same"; do
-  JAXFL_FUSED_WARPS=8 timeout 60 python3 benchmarks/rounds_per_second.py --workload emnist-linear \
-    --strategy vmap --loop fused $config 2>>"$OUT/warps8.log" | tail -1 >> "$OUT/warps8.jsonl"
-done
-cut -c1-400 "$OUT/warps8.jsonl"
+echo "== the kernel alone, schedule by schedule, each checked against the reference"
+timeout "${KERNEL_TIMEOUT:-240}" python3 benchmarks/fused_kernel.py --out "$OUT/kernel.jsonl" > "$OUT/kernel.log" 2>&1
+echo "exit $?"; cut -c1-300 "$OUT/kernel.jsonl"
+
+if [ "${NCU:-0}" = 1 ]; then
+  # Hardware counters of one launch (occupancy, registers, spills, memory throughput); 60 s was too
+  # short for it on 2026-11-26.
+  echo "== ncu on the kernel"
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 240 "$NCU_BIN" --clock-control none --kernel-name regex:fused --launch-count 1 \
+    --section LaunchStats --section Occupancy --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    python3 benchmarks/fused_kernel.py --quick > "$OUT/ncu.txt" 2>&1
+  echo "exit $?"; grep -E "Registers|Local|Duration|Throughput|Occupancy|Hit Rate" "$OUT/ncu.txt" | head -30
+fi
 
 echo "== the main job (jaxfl run, defaults)"
 start=$(date +%s.%N)

@@ -50,7 +50,7 @@ PRESETS = {
         "--workload emnist-cnn --rounds 1 --repeats 2 --algorithm deltafl",
     ],
     # Issue 14: the fused local-training kernel against the scan, side by side
-    # on one machine (JAXFL_FUSED_WARPS picks the kernel's warps per program).
+    # on one machine (benchmarks/fused_kernel.py times the kernel's schedules alone).
     "gpu-fused": [
         "--workload emnist-linear --strategy vmap --rounds 100 --loop scan",
         "--workload emnist-linear --strategy vmap --rounds 200 --loop fused",
