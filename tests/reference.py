@@ -10,6 +10,7 @@ engine, through its public functions, since those are tested on their own.
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib.util
 import sys
 from pathlib import Path
@@ -91,6 +92,12 @@ def imported_script(path):
         yield module
     finally:
         sys.modules.pop(spec.name, None)
+
+
+def csv_rows(path):
+    """The rows of a CSV file as dicts (header keys)."""
+    with Path(path).open() as f:
+        return list(csv.DictReader(f))
 
 
 def assert_cli_refuses(argv, words, out, capsys):

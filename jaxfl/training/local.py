@@ -290,18 +290,35 @@ def minibatch_rows(
     the steps from `num_steps` on). The fused kernel
     (`jaxfl.kernels.local_training`) reads its minibatches from these.
     """
-    batch_size = config.batch_size
     max_count = population.max_count
     offset = population.offsets[client_id]
     count = population.counts[client_id]
-    steps_per_epoch = jnp.maximum((count + batch_size - 1) // batch_size, 1)
     perms = epoch_orders(key, count, max_count, config.num_epochs)
-    step = jnp.arange(config.scan_length(max_count))[:, None]
+    steps = jnp.arange(config.scan_length(max_count))
+    rows, valid = jax.vmap(_step_rows, in_axes=(0, None, None, None, None, None, None))(
+        steps, perms, offset, count, _steps_per_epoch(count, config), max_count, config
+    )
+    valid = valid & (steps < num_steps)[:, None]
+    return jnp.where(valid, rows, -1).astype(jnp.int32)
+
+
+def _steps_per_epoch(count, config: LocalTraining):
+    """ceil(n / B), at least 1 (a client without examples, never trained, must not divide by 0)."""
+    return jnp.maximum((count + config.batch_size - 1) // config.batch_size, 1)
+
+
+def _step_rows(step, perms, offset, count, steps_per_epoch, max_count: int, config: LocalTraining):
+    """(`[B]` population rows of local step `step`, `[B]` which of them are real).
+
+    Step s of epoch e = s // ceil(n / B) takes positions (s mod ceil(n / B)) B
+    .. + B - 1 of that epoch's order; positions past the client's n examples
+    are padding (their rows clamped to the client's last order entry).
+    """
+    batch_size = config.batch_size
     epoch = step // steps_per_epoch
-    position = (step - epoch * steps_per_epoch) * batch_size + jnp.arange(batch_size)[None, :]
-    valid = (position < count) & (step < num_steps)
-    order = perms[jnp.minimum(epoch, config.num_epochs - 1), jnp.minimum(position, max_count - 1)]
-    return jnp.where(valid, offset + order, -1).astype(jnp.int32)
+    position = (step - epoch * steps_per_epoch) * batch_size + jnp.arange(batch_size)
+    order = perms[jnp.minimum(epoch, config.num_epochs - 1)]
+    return offset + order[jnp.minimum(position, max_count - 1)], position < count
 
 
 def diagonal_fisher(task: Task, params: Params, population: ClientPopulation, rows: jax.Array) -> Params:
@@ -365,25 +382,19 @@ def local_sgd(
       The trained parameters, the number of real steps and the mean loss of
       the minibatches seen.
     """
-    batch_size = config.batch_size
     max_count = population.max_count
     offset = population.offsets[client_id]
     count = population.counts[client_id]
-    steps_per_epoch = (count + batch_size - 1) // batch_size
     num_steps = jnp.where(active, config.num_steps(count, num_epochs), 0)
     perms = epoch_orders(key, count, max_count, config.num_epochs)
-    in_batch = jnp.arange(batch_size)
+    steps_per_epoch = _steps_per_epoch(count, config)
     anchor = params if anchor is None else anchor
     # Dropout and augmentation: a stream of the client's key apart from the
     # epoch orders (which fold in the epoch index).
     model_key = jax.random.fold_in(key, _MODEL_STREAM)
 
     def train_step(step, params):
-        epoch = step // steps_per_epoch
-        position = (step - epoch * steps_per_epoch) * batch_size + in_batch
-        valid = position < count
-        order = perms[jnp.minimum(epoch, config.num_epochs - 1)]
-        rows = offset + order[jnp.minimum(position, max_count - 1)]
+        rows, valid = _step_rows(step, perms, offset, count, steps_per_epoch, max_count, config)
         batch = {name: feature[rows] for name, feature in population.features.items()}
 
         step_key = jax.random.fold_in(model_key, step) if task.model.stochastic else None

@@ -4,12 +4,11 @@ Run in-process through `main(argv)`; only two methods so that the test stays
 fast (compiling each algorithm's round is most of its time).
 """
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
-from reference import imported_script
+from reference import csv_rows, imported_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_methods.py"
 
@@ -20,9 +19,6 @@ def script():
         yield module
 
 
-def _rows(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_quick_mode_writes_tables_figures_and_protocol(script, tmp_path):
@@ -35,21 +31,21 @@ def test_quick_mode_writes_tables_figures_and_protocol(script, tmp_path):
     thetas = script.QUICK_GRIDS["delta"]
     labels = ["FedAvg", *(f"Δ-FL θ={t:g}" for t in thetas)]
 
-    table = _rows(out / "table_all.csv")
+    table = csv_rows(out / "table_all.csv")
     assert [row["method"] for row in table] == labels
     for row in table:
         for _, column in script.TABLE_COLUMNS:
             mean, std = float(row[f"{column}_mean"]), float(row[f"{column}_std"])
             assert 0.0 <= mean <= 100.0 and std >= 0.0
         assert "λ=" in row["tuned"]
-    assert [row["method"] for row in _rows(out / "table_main.csv")] == labels
+    assert [row["method"] for row in csv_rows(out / "table_main.csv")] == labels
     assert (out / "table_main.md").read_text().count("\n|") == len(labels) + 2  # Header, rule, rows.
 
-    runs = _rows(out / "runs.csv")
+    runs = csv_rows(out / "runs.csv")
     assert len(runs) == len(labels) * 2  # Two seeds in quick mode.
-    tuning = _rows(out / "tuning.csv")
+    tuning = csv_rows(out / "tuning.csv")
     assert {row["stage"] for row in tuning} == {"lr", "lambda"}
-    curves = _rows(out / "curves.csv")
+    curves = csv_rows(out / "curves.csv")
     assert {int(row["round"]) for row in curves} >= {4}
 
     protocol = json.loads((out / "protocol.json").read_text())

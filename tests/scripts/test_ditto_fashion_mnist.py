@@ -10,12 +10,11 @@ evaluate on a CPU.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
-from reference import imported_script
+from reference import csv_rows, imported_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ditto_fashion_mnist.py"
 
@@ -26,9 +25,6 @@ def script():
         yield module
 
 
-def _rows(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_full_plan_and_its_cli_words(script):
@@ -108,7 +104,7 @@ def test_tables_from_fabricated_runs(script, tmp_path):
     # a1-80/term is missing.
     assert script.main(["--table-only", *argv]) == 0
 
-    rows = {(r["method"], r["source"], r["setting"]): r for r in _rows(tmp_path / "table_5_1.csv")}
+    rows = {(r["method"], r["source"], r["setting"]): r for r in csv_rows(tmp_path / "table_5_1.csv")}
     assert rows[("global", "jaxfl (FedAvg)", "clean")]["mean"] == "0.9000"
     assert rows[("global", "jaxfl (FedAvg)", "clean")]["std"] == "0.0800"
     assert rows[("Ditto λ=1", "jaxfl", "clean")]["mean"] == "0.9500"
@@ -125,7 +121,7 @@ def test_tables_from_fabricated_runs(script, tmp_path):
     assert "| fair (TERM, t=1) | jaxfl | .800 (.07) | — |" in markdown
     assert "| Ditto, dynamic λ | thesis Tab. 5.1 | .943 (.06) | .907 (.10) |" in markdown
 
-    robust = {(r["method"], r["source"]): r for r in _rows(tmp_path / "table_robust.csv")}
+    robust = {(r["method"], r["source"]): r for r in csv_rows(tmp_path / "table_robust.csv")}
     assert robust[("global + median", "jaxfl")]["mean"] == "0.6000"
     assert robust[("Ditto λ=1 + median", "jaxfl")]["mean"] == "0.8500"
     assert robust[("global + median", "thesis Tab. 5.9")]["mean"] == "0.6060"
@@ -145,7 +141,7 @@ def test_reuses_finished_runs_with_the_same_settings_only(script, tmp_path, monk
     ran = [c[c.index("--out") + 1] for c in calls]
     assert ran == [str(tmp_path / "runs" / "clean" / "term"), str(tmp_path / "runs" / "clean" / "local")]
     assert all("--overwrite" in c and c[c.index("--rounds") + 1] == "7" for c in calls)
-    records = {r["run"]: r["status"] for r in _rows(tmp_path / "runs.csv")}
+    records = {r["run"]: r["status"] for r in csv_rows(tmp_path / "runs.csv")}
     assert records == {"ditto": "reused", "term": "ran", "local": "ran"}
 
 
@@ -160,17 +156,17 @@ def test_quick_mode_end_to_end(script, tmp_path, monkeypatch, capsys):
     assert status == 0
     printed = capsys.readouterr()
     assert "wall time:" in printed.err
-    table = _rows(out / "table_5_1.csv")
+    table = csv_rows(out / "table_5_1.csv")
     measured = [r for r in table if r["source"].startswith("jaxfl")]
     assert {r["setting"] for r in measured} == {"a3-10"} and len(measured) == 4
     for row in measured:
         assert 0.0 <= float(row["mean"]) <= 1.0 and float(row["std"]) >= 0.0, row
-    robust = [r for r in _rows(out / "table_robust.csv") if r["source"] == "jaxfl"]
+    robust = [r for r in csv_rows(out / "table_robust.csv") if r["source"] == "jaxfl"]
     assert {r["method"] for r in robust} == {"global (mean)", "global + median", "Ditto λ=1 + median",
                                              "Ditto λ=1 (mean)"}
     assert all(r["mean"] != "" for r in robust)
     summary = json.loads((out / "runs" / "a3-10" / "ditto-median" / "summary.json").read_text())
     assert summary["attack"]["attack"] == "model-replacement" and summary["rounds"] == script.QUICK["rounds"]
-    runs = [(r["setting"], r["run"], r["status"]) for r in _rows(out / "runs.csv")]
+    runs = [(r["setting"], r["run"], r["status"]) for r in csv_rows(out / "runs.csv")]
     assert runs == [("a3-10", "ditto", "ran"), ("a3-10", "term", "ran"), ("clean", "local", "ran"),
                     ("a3-10", "ditto-median", "ran")]

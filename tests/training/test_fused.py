@@ -56,9 +56,10 @@ def _kernel_inputs(widths, batch, num_clients=4, steps=6, num_examples=120, seed
     y = jnp.asarray(rng.integers(0, max(widths[-1], 2), size=num_examples), jnp.int32)
     rows = rng.integers(0, num_examples, size=(num_clients, steps, batch))
     rows[rng.random(rows.shape) < 0.25] = -1
-    rows[1, 2] = -1  # a step without a real example
+    rows[1, 2] = -1  # a step without a real example (client 1 runs it)
     num_steps = rng.integers(0, steps + 1, size=num_clients)
-    num_steps[0] = steps
+    num_steps[:2] = steps
+    num_steps[-1] = 0  # a client that runs no step
     return x, y, jnp.asarray(rows, jnp.int32), jnp.asarray(num_steps, jnp.int32)
 
 
@@ -87,10 +88,9 @@ def test_kernel_matches_reference(widths, batch, loss, lr, l2, mu):
     want, want_loss = fused_local_sgd_reference(*args, layout=layout)
     _assert_trees_close(got, want)
     np.testing.assert_allclose(got_loss, want_loss, rtol=2e-5, atol=1e-6)
-    # A client of zero steps keeps the start and reports loss 0; the update moved the others.
-    for client in np.flatnonzero(np.asarray(num_steps) == 0):
-        _assert_trees_close([(k[client], b[client]) for k, b in got], layers, rtol=0, atol=0)
-        assert float(got_loss[client]) == 0.0
+    # The client of zero steps keeps the start and reports loss 0; the update moved the others.
+    _assert_trees_close([(k[-1], b[-1]) for k, b in got], layers, rtol=0, atol=0)
+    assert float(got_loss[-1]) == 0.0
     assert not np.allclose(got[0][0][0], layers[0][0])
 
 
@@ -108,10 +108,8 @@ def test_kernel_per_client_start_and_vmap_over_settings():
     got = jax.vmap(lambda lr: run(fused_local_sgd, lr))(lrs)
     want = jax.vmap(lambda lr: run(fused_local_sgd_reference, lr))(lrs)
     _assert_trees_close(got, want)
-    # Each client started from its own model.
-    idle = int(np.argmin(np.asarray(num_steps)))
-    if int(num_steps[idle]) == 0:
-        np.testing.assert_array_equal(got[0][0][0][0, idle], start[0][0][idle])
+    # Each client started from its own model: the last runs no step and keeps it.
+    np.testing.assert_array_equal(got[0][0][0][:, -1], np.broadcast_to(start[0][0][-1], (2, 9, 12)))
 
 
 def test_kernel_propagates_nan_as_reference():
@@ -242,38 +240,30 @@ def test_models_that_are_not_fused_fall_back_to_scan():
     assert fused_layout(Task(linear), scan, VMAP, params, POPULATION) is None
     extra = {**params, "temperature": jnp.ones((1,))}
     assert "more than the dense layers" in why_not_fused(Task(linear), fused, VMAP, extra, POPULATION)
-    # The fallback is today's path, exactly.
-    client_ids = jnp.asarray([0, 2], jnp.int32)
+    # The fallback is today's path, exactly: for a model the kernel does not take, and for a
+    # per-coordinate proximal term (EWC's), which the kernel would drop.
     hparams = LocalHParams(lr=jnp.float32(0.1))
-    train = jax.jit(
-        lambda local: train_cohort(Task(wide), local, VMAP, wide_params, POPULATION, client_ids,
-                                   jax.random.key(0), hparams),
-        static_argnums=0,
-    )
-    results = [train(local) for local in (fused, dataclasses.replace(fused, loop="scan"))]
-    for left, right in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
-        np.testing.assert_array_equal(left, right)
-    # A per-coordinate proximal term (EWC's) is not the kernel's: the scan runs it.
     weighted = hparams._replace(prox_mu=jnp.float32(1.0), prox_weights=jax.tree.map(jnp.ones_like, params))
-    train = jax.jit(
-        lambda local: train_cohort(Task(linear), local, VMAP, params, POPULATION, client_ids,
-                                   jax.random.key(0), weighted),
-        static_argnums=0,
-    )
-    results = [train(local) for local in (fused, dataclasses.replace(fused, loop="scan"))]
-    for left, right in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
-        np.testing.assert_array_equal(left, right)
+    for model, start, settings in ((wide, wide_params, hparams), (linear, params, weighted)):
+        train = jax.jit(
+            lambda local, model=model, start=start, settings=settings: train_cohort(
+                Task(model), local, VMAP, start, POPULATION, jnp.asarray([0, 2]), jax.random.key(0), settings
+            ),
+            static_argnums=0,
+        )
+        results = [train(local) for local in (fused, scan)]
+        for left, right in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), strict=True):
+            np.testing.assert_array_equal(left, right)
 
 
-# FedAvg only: Δ-FL's loss pass beside the kernel (with_initial_loss) is in the train_cohort test.
-@pytest.mark.parametrize("algorithm", ["fedavg"])
-def test_rounds_fused_equal_scan_and_trace_once(algorithm):
+def test_fedavg_rounds_fused_equal_scan_and_trace_once():
+    # FedAvg only: Δ-FL's loss pass beside the kernel (with_initial_loss) is in the train_cohort test.
     model = make_model("linear", (9,), 4)
     params = _start(model)
     states, histories = [], []
     for loop in ("fused", "scan"):
         engine = _engine(model, LocalTraining(batch_size=4, num_epochs=1, loop=loop))
-        built = build_algorithm(algorithm, engine, {})
+        built = build_algorithm("fedavg", engine, {})
         state = jax.tree.map(jnp.copy, built.init(params, {"lr": 0.2}))  # donated below
         traces = []
 
@@ -288,8 +278,9 @@ def test_rounds_fused_equal_scan_and_trace_once(algorithm):
             history.append(metrics)
         assert len(traces) == 1
         states.append(state)
-        histories.append(history)
+        histories.append([float(m["train_loss"]) for m in history])
     _assert_trees_close(states[0].params, states[1].params, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(histories[0], histories[1], rtol=1e-5)
 
 
 @pytest.mark.gpu
