@@ -61,12 +61,17 @@ class FederatedAlgorithm(NamedTuple):
       init: `(params, hparams: Mapping[str, float]) -> ServerState`.
       round: `(state, population, key) -> (state, metrics)`.
       hparam_defaults: the numeric hyperparameters and their defaults.
+      personal_models: `state -> ` each training client's own model,
+        leaves `[N, ...]` (what is evaluated and saved as personal models),
+        or () for an algorithm without them. Default: `state.clients`
+        (Ditto, L2SGD); APFL mixes its personal models with the global one.
     """
 
     name: str
     init: Callable[[Params, Mapping[str, float]], ServerState]
     round: Callable[[ServerState, ClientPopulation, Key], tuple[ServerState, Metrics]]
     hparam_defaults: Mapping[str, float]
+    personal_models: Callable[[ServerState], PyTree] = lambda state: state.clients
 
 
 def resolve_hparams(

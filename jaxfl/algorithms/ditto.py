@@ -28,24 +28,98 @@ purely local models; large lambda keeps v_k near w_t.
 Keys: the cohort is G's (`round_keys(key, round).sampling`, the same draw),
 and client k's personal steps use `fold_in(keys.clients, k)`, the key of its
 global local training, hence its minibatches.
+
+Dynamic lambda (thesis section 5.3, the authors' `dynamic_lam`,
+`shared/notes/thesis-spec.md` section 5.3): with candidates Lambda, every
+personal step tries each lambda_j in Lambda,
+
+    v_j = v - lr (grad F_k(v; batch) + lambda_j (v - w_t)),
+
+and keeps the v_j of least loss on client k's validation examples (validation
+client k is training client k; ties and NaN losses: the first candidate
+among the least). A client with fewer than `MIN_VALIDATION_EXAMPLES`
+validation examples steps with the fixed lambda 'lam' (the thesis's
+small-device fallback). Each step then costs one gradient and |Lambda|
+passes over the client's validation examples.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import round_keys, select_cohort, update_personal_models
-from jaxfl.training.local import LocalHParams, LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
+from jaxfl.training.cohort import (
+    client_rows,
+    round_keys,
+    select_cohort,
+    store_client_rows,
+    update_personal_models,
+)
+from jaxfl.training.local import LocalHParams, LocalTraining, Task, client_loss_and_error, local_sgd
+from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Metrics, Params
 
 DITTO_HPARAM_DEFAULTS = {"lam": 1.0}
+# Fewer validation examples than this: the fixed lambda (thesis section 5.3).
+MIN_VALIDATION_EXAMPLES = 4
+
+
+def lambda_candidates(text: str) -> tuple[float, ...]:
+    """Dynamic lambda's candidates from '0.1,1,2' ('' : none, a fixed lambda).
+
+    Raises:
+      ValueError: a value that is not a finite number >= 0, or one given twice.
+    """
+    if not text.strip():
+        return ()
+    values = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(
+                f"dynamic lambda candidates must be numbers, got {item.strip()!r} in {text!r}"
+            ) from None
+        if not (np.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"dynamic lambda candidates must be finite and >= 0, got {item.strip()} in {text!r}"
+            )
+        if value in values:
+            raise ValueError(f"dynamic lambda candidate {value:g} is given twice in {text!r}")
+        values.append(value)
+    return tuple(values)
+
+
+def greedy_lambda_update(
+    task: Task,
+    candidates: tuple[float, ...],
+    fallback_lam: jax.Array,
+    lr: jax.Array,
+    anchor: Params,
+    validation: ClientPopulation,
+    client_id: jax.Array,
+) -> Callable[[Params, Params], Params]:
+    """Dynamic lambda's personal step for one client (module docstring), as a `local_sgd` update."""
+    enough = validation.counts[client_id] >= MIN_VALIDATION_EXAMPLES
+
+    def step(params, grads, lam):
+        return jax.tree.map(lambda v, g, w: v - lr * (g + lam * (v - w)), params, grads, anchor)
+
+    def update(params: Params, grads: Params) -> Params:
+        tried = [step(params, grads, jnp.float32(lam)) for lam in candidates]
+        losses = jnp.stack([client_loss_and_error(task, v, validation, client_id)[0] for v in tried])
+        best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
+        chosen = jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *tried)
+        fixed = step(params, grads, fallback_lam)
+        return jax.tree.map(lambda c, f: jnp.where(enough, c, f), chosen, fixed)
+
+    return update
 
 
 def ditto(
@@ -56,6 +130,8 @@ def ditto(
     num_clients: int,
     *,
     strategy: ClientStrategy,
+    dynamic_lam: tuple[float, ...] = (),
+    validation: ClientPopulation | None = None,
     name: str = "ditto",
 ) -> FederatedAlgorithm:
     """Ditto with `global_algorithm` as its global solver G (module docstring).
@@ -68,6 +144,10 @@ def ditto(
       clients_per_round: M (G's).
       num_clients: N, the training clients (rows of the personal models).
       strategy: how the cohort's clients are laid out.
+      dynamic_lam: dynamic lambda's candidates (module docstring); () : the
+        fixed lambda 'lam'.
+      validation: with `dynamic_lam`, the validation examples, client k's
+        being training client k's (device-resident, N clients).
       name: registry name.
 
     Returns:
@@ -75,10 +155,16 @@ def ditto(
       models, leaves `[N, ...]`.
 
     Raises:
-      ValueError: num_clients < 1 or G already takes a 'lam'.
+      ValueError: num_clients < 1, G already takes a 'lam', or dynamic
+        lambda without N clients' validation examples.
     """
     if num_clients < 1:
         raise ValueError(f"ditto needs num_clients >= 1, got {num_clients}")
+    if dynamic_lam and (validation is None or validation.num_clients != num_clients):
+        raise ValueError(
+            "dynamic lambda chooses on each client's own validation examples: it needs a validation "
+            f"population of the {num_clients} training clients (validation client k = training client k)"
+        )
     if "lam" in global_algorithm.hparam_defaults:
         raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'lam'")
     defaults = {**global_algorithm.hparam_defaults, **DITTO_HPARAM_DEFAULTS}
@@ -104,14 +190,39 @@ def ditto(
         hparams = LocalHParams(
             lr=local_learning_rate(state.hparams, state.round), prox_mu=state.hparams["lam"]
         )
-        clients, trained = update_personal_models(
-            task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
-        )
+        if dynamic_lam:
+            clients, personal_loss = dynamic_personal_steps(state, cohort, keys.clients, hparams)
+        else:
+            clients, trained = update_personal_models(
+                task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
+            )
+            personal_loss = trained.mean_batch_loss
         new_state, metrics = global_algorithm.round(state, population, key)
-        metrics = {
-            **metrics,
-            "personal_train_loss": jnp.mean(trained.mean_batch_loss),
-        }
+        metrics = {**metrics, "personal_train_loss": jnp.mean(personal_loss)}
         return dataclasses.replace(new_state, clients=clients), metrics
+
+    def dynamic_personal_steps(state, cohort, clients_key, hparams):
+        def client_fn(shared, client):
+            anchor, population, validation, hparams = shared
+            update = greedy_lambda_update(
+                task, dynamic_lam, hparams.prox_mu, hparams.lr, anchor, validation, client["validation_id"]
+            )
+            result = local_sgd(
+                task, client["start"], population, client["id"], client["key"], hparams, local,
+                active=client["active"], anchor=anchor, update=update,
+            )
+            return {"params": result.params, "loss": result.mean_batch_loss}
+
+        per_client = {
+            "id": cohort.slots,
+            "validation_id": cohort.client_ids,
+            "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, cohort.client_ids),
+            "active": jnp.ones(clients_per_round, bool),
+            "start": client_rows(state.clients, cohort.client_ids),
+        }
+        shared = (state.params, cohort.population, validation, hparams)
+        cost = local.num_steps(cohort.population.counts[cohort.slots])
+        trained = map_clients(client_fn, shared, per_client, strategy, cost=cost)
+        return store_client_rows(state.clients, cohort.client_ids, trained["params"]), trained["loss"]
 
     return FederatedAlgorithm(name=name, init=init, round=round_fn, hparam_defaults=defaults)

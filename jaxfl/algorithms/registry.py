@@ -28,9 +28,10 @@ from typing import Any
 import optax
 
 from jaxfl.algorithms.afl import afl
+from jaxfl.algorithms.apfl import apfl
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.deltafl import deltafl
-from jaxfl.algorithms.ditto import ditto
+from jaxfl.algorithms.ditto import ditto, lambda_candidates
 from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import fedavg
@@ -41,6 +42,7 @@ from jaxfl.algorithms.l2sgd import l2sgd
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.term import term
+from jaxfl.data.population import ClientPopulation
 from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -63,6 +65,9 @@ class Engine:
       num_clients: N, the number of training clients (needed by algorithms
         with per-client server state, e.g. AFL's mixture weights).
       robustness: the run's update attack and aggregator, or None.
+      personal_validation: validation examples of the N training clients
+        (validation client k = training client k), for algorithms that
+        choose on them during training (Ditto's dynamic lambda), or None.
     """
 
     task: Task
@@ -73,6 +78,7 @@ class Engine:
     client_weighting: str
     num_clients: int | None = None
     robustness: Robustness | None = None
+    personal_validation: ClientPopulation | None = None
 
 
 Builder = Callable[[Engine, Mapping[str, Any]], FederatedAlgorithm]
@@ -294,6 +300,8 @@ def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorit
         engine.clients_per_round,
         engine.num_clients,
         strategy=engine.strategy,
+        dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
+        validation=engine.personal_validation,
     )
 
 
@@ -304,6 +312,7 @@ SPECS["ditto"] = AlgorithmSpec(
     hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
     options={
         "ditto_global": "fedavg",
+        "ditto_dynamic_lam": "",
         **{k: v for g in DITTO_GLOBALS for k, v in SPECS[g].options.items()},
     },
 )
@@ -333,8 +342,35 @@ SPECS["l2sgd"] = AlgorithmSpec(
     hparams=("lam",),
 )
 
-# Algorithms whose state holds one personal model per training client.
-PERSONAL_MODEL_ALGORITHMS = ("ditto", "l2sgd")
+def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    if options["stragglers"]:
+        raise ValueError(
+            "apfl's local models step beside FedAvg's full local training: stragglers are not supported"
+        )
+    if engine.num_clients is None:
+        raise ValueError("apfl needs the number of training clients (Engine.num_clients)")
+    global_algorithm = SPECS["fedavg"].build(engine, options)
+    return apfl(
+        global_algorithm,
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        engine.num_clients,
+        strategy=engine.strategy,
+    )
+
+
+SPECS["apfl"] = AlgorithmSpec(
+    _build_apfl,
+    "APFL (Deng et al. 2020; thesis 5.5): local models v_k beside FedAvg, personal model "
+    "alpha v_k + (1 - alpha) w",
+    hparams=("apfl_alpha",),
+    options={"stragglers": 0.0},
+)
+
+# Algorithms whose state holds personal models, and how many models per
+# training client they hold at once (APFL also makes its mixtures at evaluation).
+PERSONAL_MODEL_ALGORITHMS = {"ditto": 1, "l2sgd": 1, "apfl": 2}
 
 # name -> (builder, description): the registry's original shape, kept for
 # callers that only list names and descriptions.

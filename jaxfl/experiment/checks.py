@@ -154,7 +154,7 @@ def check_round_fits(
     for name in personal_algorithms:
         # One float32 personal model per training client, held with the state
         # (docs/personalization.md).
-        personal = dataset.train.num_clients * num_parameters * 4
+        personal = PERSONAL_MODEL_ALGORITHMS[name] * dataset.train.num_clients * num_parameters * 4
         needed += personal
         what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes)"
     try:

@@ -199,6 +199,15 @@ class RunConfig:
         "(0: local models only); l2sgd: the same with w the mean of the personal models",
         low=0.0,
     )
+    ditto_dynamic_lam: str = _field(
+        "", "ditto: dynamic lambda (thesis 5.3), candidates such as 0.1,1,2 tried at every personal step, "
+        "each client keeping the one of least loss on its own validation examples (needs "
+        "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
+    )
+    apfl_alpha: float = _field(
+        0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
+        "model; 1: local models)", low=0.0, high=1.0,
+    )
     ditto_global: str = _field(
         "fedavg",
         "ditto: the global algorithm G whose model the personal models are pulled to",
@@ -213,6 +222,11 @@ class RunConfig:
         None, "personalization baseline EWC (thesis 5.5): fine-tune with lambda/2 sum_i F_ii "
         "(w_i - w*_i)^2, F the diagonal Fisher of the global model w* on each client's first "
         "minibatch; needs --finetune-epochs", low=0.0, optional=True,
+    )
+    finetune_skl: float | None = _field(
+        None, "personalization baseline SKL (thesis 5.5): fine-tune with lambda/2 (KL(f(w) || f(w*)) + "
+        "KL(f(w*) || f(w))) on each minibatch, f the softmax output, w* the global model; needs "
+        "--finetune-epochs", low=0.0, optional=True,
     )
     client_split: float | None = _field(
         None,
@@ -738,6 +752,10 @@ def check_settings(config: RunConfig) -> None:
         )
     if config.finetune_ewc is not None and not config.finetune_epochs:
         raise ConfigError("finetune_ewc fine-tunes with EWC's penalty: it needs finetune_epochs >= 1")
+    if config.finetune_skl is not None and not config.finetune_epochs:
+        raise ConfigError("finetune_skl fine-tunes with the symmetrized KL: it needs finetune_epochs >= 1")
+    if config.finetune_skl is not None and config.finetune_ewc is not None:
+        raise ConfigError("finetune_ewc and finetune_skl are two fine-tuning penalties: choose one")
     dp_algorithms = [name for name in names if name in ("dp-fedavg", "dp-deltafl")]
     if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
         raise ConfigError(

@@ -58,7 +58,7 @@ def write_result(directory: Path, config: RunConfig, result: RunResult, run_setu
     if result.state is not None:
         save_model(
             directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm,
-            personal=result.state.clients,
+            personal=run_setup.algorithms[result.algorithm].personal_models(result.state),
         )
         shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
 

@@ -264,6 +264,28 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
         )
 
 
+def personal_validation_examples(config: RunConfig, dataset: FederatedDataset, strategy: ClientStrategy):
+    """The training clients' own validation examples, on the device, where an algorithm chooses on them.
+
+    Ditto's dynamic lambda (`--ditto-dynamic-lam`) reads them inside the
+    compiled round; None where no algorithm of the run does.
+
+    Raises:
+      ConfigError: dynamic lambda without validation client k = training client k.
+    """
+    if not (config.ditto_dynamic_lam and "ditto" in config.algorithms):
+        return None
+    if dataset.validation is None or not dataset.personal_splits:
+        raise ConfigError(
+            "ditto_dynamic_lam chooses on each client's own validation examples: give --client-split and "
+            "--client-validation-split (or a dataset whose validation clients are its training clients)"
+        )
+    validation = dataset.validation
+    if isinstance(validation, HostPopulation):
+        validation = validation.to_device()
+    return strategy.replicate(validation)
+
+
 @held_warnings()
 def setup(config: RunConfig) -> Setup:
     """Builds everything a run needs, checking what depends on the data.
@@ -312,6 +334,7 @@ def setup(config: RunConfig) -> Setup:
         raise ConfigError(f"model: {error}") from None
     check_model_fits_targets(model, dataset, config)
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
+    strategy = choose_strategy(config.strategy, num_parameters)
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
         local=LocalTraining(
@@ -321,11 +344,12 @@ def setup(config: RunConfig) -> Setup:
             loop=choose_local_loop(config.local_loop),
         ),
         clients_per_round=config.clients_per_round,
-        strategy=choose_strategy(config.strategy, num_parameters),
+        strategy=strategy,
         server_tx=run_server_optimizer(config),
         client_weighting=config.client_weighting,
         num_clients=num_train,
         robustness=robustness,
+        personal_validation=personal_validation_examples(config, dataset, strategy),
     )
     # Before anything of the round is allocated (docs/reliability.md).
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
@@ -468,7 +492,8 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
     E epochs of the run's local SGD (batch size, learning rate at the final
     round) from the final global model on each client's training examples,
     with key `fold_in(fold_in(run_key, FINETUNE_STREAM), k)`, with EWC's
-    Fisher-weighted penalty under `--finetune-ewc`; evaluated as personal
+    Fisher-weighted penalty under `--finetune-ewc`, the symmetrized KL
+    divergence to the global model's outputs under `--finetune-skl`; evaluated as personal
     models (`personal_*` summaries and columns).
     """
     config, engine = run_setup.config, run_setup.engine
@@ -477,9 +502,10 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
     population = train.to_device() if isinstance(train, HostPopulation) else train
     lr = local_learning_rate(state.hparams, state.round)
     ewc_lam = None if config.finetune_ewc is None else jnp.float32(config.finetune_ewc)
+    skl_lam = None if config.finetune_skl is None else jnp.float32(config.finetune_skl)
     return _finetune(
         engine.task, local, engine.strategy, state.params, population,
-        jax.random.fold_in(run_key, FINETUNE_STREAM), lr, ewc_lam=ewc_lam,
+        jax.random.fold_in(run_key, FINETUNE_STREAM), lr, ewc_lam=ewc_lam, skl_lam=skl_lam,
     ).params
 
 
@@ -1013,7 +1039,7 @@ def run_algorithm(
         progress.update(start_round)
 
     def on_evaluate(round_index, state, metrics):
-        summaries, clients = evaluate(state.params, state.clients)
+        summaries, clients = evaluate(state.params, algorithm.personal_models(state))
         latest.update(summaries=summaries, clients=clients)
         record = {
             "algorithm": name,
@@ -1047,7 +1073,7 @@ def run_algorithm(
             start_round=start_round, checkpointing=checkpointing,
         )
         state, health = carry[0], host_health(carry[1])
-        if config.finetune_epochs and not jax.tree.leaves(state.clients):
+        if config.finetune_epochs and not jax.tree.leaves(algorithm.personal_models(state)):
             # Algorithms with personal models of their own (ditto) report those.
             started = time.perf_counter()
             summaries, clients = evaluate(state.params, finetuned_models(run_setup, state, run_key))

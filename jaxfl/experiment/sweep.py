@@ -218,7 +218,7 @@ def run_sweep(
     clients: list[dict[str, Any]] = [{} for _ in points]
 
     def on_evaluate(round_index, states, metrics):
-        batch_summaries, batch_clients = evaluate(states.params, states.clients)
+        batch_summaries, batch_clients = evaluate(states.params, jax.vmap(algorithm.personal_models)(states))
         round_metrics = jax.device_get(metrics)
         for g, point in enumerate(points):
             summaries[g] = {

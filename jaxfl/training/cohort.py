@@ -113,8 +113,7 @@ def train_cohort(
     }
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
-    # The kernel's proximal term is one scalar: per-coordinate weights run as the scan.
-    layout = fused_layout(task, local, strategy, params, population) if hparams.prox_weights is None else None
+    layout = fused_layout(task, local, strategy, params, population) if _kernel_takes(hparams) else None
     if layout is not None:
         return _train_cohort_fused(
             task, local, strategy, layout, params, population, client_ids, per_client, hparams,
@@ -158,6 +157,11 @@ def train_cohort(
         initial_loss=out.get("initial_loss"),
         initial_error=out.get("initial_error"),
     )
+
+
+def _kernel_takes(hparams: LocalHParams) -> bool:
+    """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term)."""
+    return hparams.prox_weights is None and hparams.kl_mu is None
 
 
 def _train_cohort_fused(
@@ -261,9 +265,8 @@ def train_personal_models(
     }
     if prox_weights is not None:
         per_client["prox_weights"] = prox_weights
-    # The kernel's proximal term is one scalar: per-coordinate weights run as the scan.
-    per_coordinate = prox_weights is not None or hparams.prox_weights is not None
-    layout = None if per_coordinate else fused_layout(task, local, strategy, anchor, population)
+    fusable = prox_weights is None and _kernel_takes(hparams)
+    layout = fused_layout(task, local, strategy, anchor, population) if fusable else None
     if layout is not None:
         trained, num_steps, mean_loss = train_fused(
             task, local, layout, personal, anchor, population, slots, per_client["key"], hparams
@@ -312,7 +315,7 @@ def update_personal_models(
     Returns:
       (all N personal models, the cohort's `PersonalResults`).
     """
-    personal = jax.tree.map(lambda rows: rows[cohort.client_ids], personal_models)
+    personal = client_rows(personal_models, cohort.client_ids)
     trained = train_personal_models(
         task,
         local,
@@ -325,12 +328,19 @@ def update_personal_models(
         hparams,
         slots=cohort.slots,
     )
-    stored = jax.tree.map(
-        lambda rows, new: rows.at[cohort.client_ids].set(new, unique_indices=True),
-        personal_models,
-        trained.params,
+    return store_client_rows(personal_models, cohort.client_ids, trained.params), trained
+
+
+def client_rows(per_client_state: Params, client_ids: jax.Array) -> Params:
+    """Rows `client_ids` of per-client state (leaves `[N, ...]`): the cohort's, leaves `[M, ...]`."""
+    return jax.tree.map(lambda rows: rows[client_ids], per_client_state)
+
+
+def store_client_rows(per_client_state: Params, client_ids: jax.Array, rows: Params) -> Params:
+    """`per_client_state` with rows `client_ids` set to `rows` (distinct ids: sampled without replacement)."""
+    return jax.tree.map(
+        lambda state, new: state.at[client_ids].set(new, unique_indices=True), per_client_state, rows
     )
-    return stored, trained
 
 
 def finetune_models(
@@ -343,8 +353,9 @@ def finetune_models(
     lr: jax.Array,
     *,
     ewc_lam: jax.Array | None = None,
+    skl_lam: jax.Array | None = None,
 ) -> PersonalResults:
-    """Every client's model fine-tuned from `params` (thesis section 5.5, "plain finetuning", EWC).
+    """Every client's model fine-tuned from `params` (thesis section 5.5: plain finetuning, EWC, SKL).
 
     Client k runs `local` (its epochs: the thesis uses 50) of minibatch SGD
     with learning rate `lr` on all its examples, starting from the global
@@ -356,13 +367,20 @@ def finetune_models(
     Fisher at the global model w* on one minibatch (its first: the first
     batch of its first fine-tuning epoch; `diagonal_fisher`).
 
+    With `skl_lam` (symmetrized KL, thesis-spec 5.5): client k minimizes
+    F_k(w) + skl_lam/2 (KL(f(w) || f(w*)) + KL(f(w*) || f(w))), f the
+    softmax output, each divergence the mean over the step's minibatch
+    (`mean_symmetrized_kl`).
+
     Returns:
       Each client's fine-tuned model (leaves `[N, ...]`), steps and mean loss.
     """
     num_clients = population.num_clients
     client_ids = jnp.arange(num_clients, dtype=jnp.int32)
     start = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)), params)
-    hparams, fisher = LocalHParams(lr=lr), None
+    if ewc_lam is not None and skl_lam is not None:
+        raise ValueError("fine-tune with one penalty: EWC's or the symmetrized KL, not both")
+    hparams, fisher = LocalHParams(lr=lr, kl_mu=skl_lam), None
     if ewc_lam is not None:
         keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)
 

@@ -18,6 +18,7 @@ The SGD step is the papers' (004 Algorithm 1 line 8; FedProx in the thesis,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.data.population import ClientPopulation
-from jaxfl.models.losses import misclassification, multinomial_logistic_loss
+from jaxfl.models.losses import misclassification, multinomial_logistic_loss, symmetrized_kl
 from jaxfl.models.networks import Model
 from jaxfl.types import Key, Params
 
@@ -214,13 +215,17 @@ class LocalHParams(NamedTuple):
     even 0.0, keeps it in the compiled step so that sweeps can vary it.
     `prox_weights` (a tree like the parameters) weighs the proximal term
     coordinate by coordinate: mu * F_i (w_i - anchor_i), EWC's diagonal
-    Fisher F (thesis section 5.5).
+    Fisher F (thesis section 5.5). `kl_mu` adds kl_mu/2 times the batch's
+    mean symmetrized KL divergence between the model's and the anchor's
+    predictive distributions to the minimized loss (SKL, thesis section 5.5;
+    `mean_symmetrized_kl`).
     """
 
     lr: jax.Array
     l2: jax.Array | None = None
     prox_mu: jax.Array | None = None
     prox_weights: Params | None = None
+    kl_mu: jax.Array | None = None
 
 
 class LocalResult(NamedTuple):
@@ -348,6 +353,54 @@ def diagonal_fisher(task: Task, params: Params, population: ClientPopulation, ro
     return jax.lax.fori_loop(0, rows.shape[0], add_example, zeros)
 
 
+def minibatch_loss(task: Task, params: Params, batch, valid: jax.Array, key: Key | None = None) -> jax.Array:
+    """The minibatch loss local SGD minimizes: the mean over the batch's real targets.
+
+    `valid` (`[B]` bool) marks the batch's real examples (a short last batch
+    is padded); one target per example for labels, the real tokens of
+    sequences.
+    """
+    stats = task.example_stats(params, batch, key)
+    total_weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
+    return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
+
+
+def mean_symmetrized_kl(
+    task: Task, params: Params, anchor: Params, batch, valid: jax.Array, key: Key | None = None
+) -> jax.Array:
+    """Mean over the batch's real targets of KL(p || q) + KL(q || p), p the model's, q the anchor's.
+
+    The SKL regularizer of thesis section 5.5 (`symmetrized_kl`): p and q
+    are the softmax outputs of `params` and `anchor` (held fixed: no
+    gradient flows into it). Targets as `minibatch_loss` counts them: one
+    per example for labels (a binary logit is a two-class distribution),
+    the real tokens (y != pad_id) of sequences; multi-label outputs are T
+    independent Bernoulli distributions, averaged over T.
+    """
+    model = task.model
+    apply = (lambda p: model.apply(p, batch["x"], key=key)) if model.stochastic else (
+        lambda p: model.apply(p, batch["x"])
+    )
+    logits = apply(params)
+    reference = jax.lax.stop_gradient(apply(anchor))
+    targets = batch["y"]
+    multi_label = targets.ndim == 2 and logits.ndim == 2
+    if multi_label:
+        divergence = jnp.mean(symmetrized_kl(logits[..., None], reference[..., None]), axis=-1)
+    else:
+        divergence = symmetrized_kl(logits, reference)
+    if divergence.ndim == 2:
+        # Token sequences: the real targets of the real examples.
+        weight = (targets != task.pad_id).astype(jnp.float32) * valid[:, None]
+    else:
+        weight = valid.astype(jnp.float32)
+    return jnp.sum(divergence * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
+# objective(params, batch, valid, step_key) -> (value to minimize, loss to report).
+BatchObjective = Callable[[Params, dict, jax.Array, "Key | None"], tuple[jax.Array, jax.Array]]
+
+
 def local_sgd(
     task: Task,
     params: Params,
@@ -360,6 +413,8 @@ def local_sgd(
     num_epochs: jax.Array | None = None,
     active: jax.Array | bool = True,
     anchor: Params | None = None,
+    objective: BatchObjective | None = None,
+    update: Callable[[Params, Params], Params] | None = None,
 ) -> LocalResult:
     """Trains one client from `params` with minibatch SGD.
 
@@ -376,7 +431,15 @@ def local_sgd(
       active: False runs zero steps (padding clients).
       anchor: the proximal term's center (default `params`): Ditto trains a
         personal model v from v towards the server model w_t with the
-        proximal term lambda/2 ||v - w_t||^2 (thesis Algorithm 7).
+        proximal term lambda/2 ||v - w_t||^2 (thesis Algorithm 7); also the
+        reference of `hparams.kl_mu`'s divergence.
+      objective: replaces the minibatch loss: `(params, batch, valid,
+        step_key) -> (value, reported loss)`, value differentiated (APFL's
+        joint step over a global and a personal model); None: the mean
+        batch loss (`minibatch_loss`), plus the KL term of `kl_mu`.
+      update: replaces the step itself: `(params, grads) -> params`, grads
+        those of the objective (Ditto's dynamic lambda picks among candidate
+        steps); None: the SGD step of the module docstring with `hparams`.
 
     Returns:
       The trained parameters, the number of real steps and the mean loss of
@@ -399,13 +462,18 @@ def local_sgd(
 
         step_key = jax.random.fold_in(model_key, step) if task.model.stochastic else None
 
-        def batch_loss(p):
-            stats = task.example_stats(p, batch, step_key)
-            # Mean over the batch's real targets (one per example for labels).
-            total_weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
-            return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
+        def batch_objective(p):
+            if objective is not None:
+                return objective(p, batch, valid, step_key)
+            loss = minibatch_loss(task, p, batch, valid, step_key)
+            if hparams.kl_mu is None:
+                return loss, loss
+            divergence = mean_symmetrized_kl(task, p, anchor, batch, valid, step_key)
+            return loss + 0.5 * hparams.kl_mu * divergence, loss
 
-        loss, grads = jax.value_and_grad(batch_loss)(params)
+        (_, loss), grads = jax.value_and_grad(batch_objective, has_aux=True)(params)
+        if update is not None:
+            return update(params, grads), loss
         if hparams.prox_mu is not None and hparams.prox_weights is not None:
             grads = jax.tree.map(
                 lambda g, w, w0, f: g + hparams.prox_mu * f * (w - w0),
