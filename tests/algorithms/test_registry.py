@@ -53,6 +53,7 @@ def test_the_issue_s_cli_names_are_registered():
         # Issue 12: personalization.
         "ditto",
         "l2sgd",
+        "apfl",
     } == set(algorithm_names())
 
 

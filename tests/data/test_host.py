@@ -114,17 +114,32 @@ SHARDED = ClientStrategy("sharded", inner="sequential")
 
 
 # Every algorithm family once (AFL keeps per-client state, q-FFL and Δ-FL read
-# the cohort's losses) and every layout once (compile time dominates).
+# the cohort's losses, Ditto's dynamic lambda reads validation client k of
+# training client k, who sits in slot i of a gathered cohort) and every layout
+# once (compile time dominates).
 @pytest.mark.parametrize(
     "name, strategy",
-    [("fedavg", VMAP), ("deltafl", SEQUENTIAL), ("qffl", SHARDED), ("afl", VMAP), ("deltafl", SHARDED)],
+    [
+        ("fedavg", VMAP),
+        ("deltafl", SEQUENTIAL),
+        ("qffl", SHARDED),
+        ("afl", VMAP),
+        ("deltafl", SHARDED),
+        ("ditto-dynamic", VMAP),
+    ],
     ids=lambda v: v if isinstance(v, str) else v.kind,
 )
 def test_round_on_gathered_cohorts_equals_the_device_round(name, strategy):
     """The out-of-core equality, round by round, for several algorithms and layouts."""
     data = load_dataset("synthetic", num_clients=20)
     task = Task(make_model("linear", data.input_shape, data.num_classes))
-    algorithm = build_algorithm(name, _engine(task, strategy, data.train.num_clients), {})
+    engine = _engine(task, strategy, data.train.num_clients)
+    if name == "ditto-dynamic":
+        # The synthetic data's test client k is training client k's held-out data.
+        engine = dataclasses.replace(engine, personal_validation=data.test)
+        algorithm = build_algorithm("ditto", engine, {"ditto_dynamic_lam": "0.1,1,2"})
+    else:
+        algorithm = build_algorithm(name, engine, {})
     start = algorithm.init(task.model.init(jax.random.key(0)), {"lr": 0.05})
     key = jax.random.key(3)
     round_fn = jax.jit(algorithm.round)
@@ -140,8 +155,8 @@ def test_round_on_gathered_cohorts_equals_the_device_round(name, strategy):
                 np.testing.assert_allclose(host_metrics[metric], device_metrics[metric], rtol=1e-6, atol=1e-7)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-        host_state.params,
-        device_state.params,
+        (host_state.params, host_state.clients),
+        (device_state.params, device_state.clients),
     )
     # The cohort on the device is the cohort, not the population.
     assert isinstance(cohort, GatheredCohort)

@@ -68,7 +68,7 @@ FLAGS = [
 GROUPS = [
     ["fedavg", "fedavg-sub", "deltafl", "ditto"],
     ["fedsgd", "fedprox", "qffl", "l2sgd"],
-    ["afl", "afl-qffl", "term"],
+    ["afl", "afl-qffl", "term", "apfl"],
     ["dp-fedavg", "dp-deltafl"],
 ]
 
