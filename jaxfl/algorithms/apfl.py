@@ -24,6 +24,10 @@ round unchanged and, beside it, the joint steps above for the cohort (which
 recompute the w iterates the v steps read: three gradients a step, against
 FedAvg's one and Ditto's two).
 
+With stragglers (`stragglers` > 0), FedAvg drops the cohort's stragglers
+(they do not train, `jaxfl.algorithms.fedavg.straggler_plan`); the same
+clients, drawn from the same key, leave their v_k untouched.
+
 Evaluated and saved personal models: alpha v_k + (1 - alpha) w_T, with the
 final server model (`FederatedAlgorithm.personal_models`). alpha is the
 traced hyperparameter 'apfl_alpha' (a sweep varies it without recompiling);
@@ -41,8 +45,16 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.fedavg import straggler_plan
+from jaxfl.algorithms.round_template import Cohort
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import client_rows, round_keys, select_cohort, store_client_rows
+from jaxfl.training.cohort import (
+    client_rows,
+    initial_client_models,
+    round_keys,
+    select_cohort,
+    store_client_rows,
+)
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Metrics, Params
@@ -63,6 +75,7 @@ def apfl(
     num_clients: int,
     *,
     strategy: ClientStrategy,
+    stragglers: float = 0.0,
     name: str = "apfl",
 ) -> FederatedAlgorithm:
     """APFL with a fixed mixing weight (module docstring).
@@ -76,6 +89,8 @@ def apfl(
       clients_per_round: M (FedAvg's).
       num_clients: N, the training clients (rows of the local models).
       strategy: how the cohort's clients are laid out.
+      stragglers: G's fraction of dropped stragglers (FedAvg's option): they
+        do not step their v_k either.
       name: registry name.
 
     Returns:
@@ -90,14 +105,13 @@ def apfl(
     if "apfl_alpha" in global_algorithm.hparam_defaults:
         raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'apfl_alpha'")
     defaults = {**global_algorithm.hparam_defaults, **APFL_HPARAM_DEFAULTS}
+    dropped = straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
         hparams = dict(hparams or {})
         alpha = hparams.pop("apfl_alpha", APFL_HPARAM_DEFAULTS["apfl_alpha"])
         state = global_algorithm.init(params, hparams)
-        local_models = jax.tree.map(
-            lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)).copy(), params
-        )
+        local_models = initial_client_models(params, num_clients, strategy)
         return dataclasses.replace(
             state,
             hparams={**state.hparams, "apfl_alpha": jnp.asarray(alpha, jnp.float32)},
@@ -134,11 +148,16 @@ def apfl(
         keys = round_keys(key, state.round)
         cohort = select_cohort(keys.sampling, population, clients_per_round)
         hparams = LocalHParams(lr=local_learning_rate(state.hparams, state.round), l2=state.hparams["l2"])
+        active = jnp.ones(clients_per_round, bool)
+        if dropped is not None:
+            # FedAvg's plan, with the key the round template gives it: the same stragglers.
+            plan_key = jax.random.split(keys.server)[0]
+            active = dropped(Cohort(cohort.client_ids, alpha=active), state, plan_key).active
         per_client = {
             "id": cohort.slots,
             "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(keys.clients, cohort.client_ids),
             "start": client_rows(state.clients, cohort.client_ids),
-            "active": jnp.ones(clients_per_round, bool),
+            "active": active,
         }
         shared = (state.params, cohort.population, hparams, state.hparams["apfl_alpha"])
         cost = local.num_steps(cohort.population.counts[cohort.slots])

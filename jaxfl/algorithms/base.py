@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.data.population import ClientPopulation
+from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params, PyTree
 
 
@@ -37,9 +38,11 @@ class ServerState:
       opt_state: the server optimizer's state.
       hparams: name -> float32 [] numeric hyperparameters.
       extra: algorithm-specific state (e.g. AFL's mixture weights), or ().
-      clients: per-client state, leaves `[N, ...]` indexed by client id
-        (Ditto's personal models), or (). The round gathers the cohort's rows
-        and scatters them back.
+      clients: per-client state, leaves `[R, ...]` indexed by client id
+        (Ditto's personal models), or (); R is N or, where the rows are
+        split over devices, N rounded up to a multiple of them
+        (`ClientStrategy.client_state_rows`). The round gathers the cohort's
+        rows and scatters them back.
       aggregator: the server aggregator's state (centered clipping's last
         aggregate), or ().
     """
@@ -62,8 +65,9 @@ class FederatedAlgorithm(NamedTuple):
       round: `(state, population, key) -> (state, metrics)`.
       hparam_defaults: the numeric hyperparameters and their defaults.
       personal_models: `state -> ` each training client's own model,
-        leaves `[N, ...]` (what is evaluated and saved as personal models),
-        or () for an algorithm without them. Default: `state.clients`
+        leaves `[R, ...]` with row k client k's (R >= N as `clients`; what
+        is evaluated and saved as personal models), or () for an algorithm
+        without them. Default: `state.clients`
         (Ditto, L2SGD); APFL mixes its personal models with the global one.
     """
 
@@ -72,6 +76,17 @@ class FederatedAlgorithm(NamedTuple):
     round: Callable[[ServerState, ClientPopulation, Key], tuple[ServerState, Metrics]]
     hparam_defaults: Mapping[str, float]
     personal_models: Callable[[ServerState], PyTree] = lambda state: state.clients
+
+
+def place_state(state: ServerState, strategy: ClientStrategy) -> ServerState:
+    """Puts a server state where the compiled round expects it: replicated over the strategy's mesh,
+    but for the per-client state (`state.clients`), whose rows are split over the devices
+    (`ClientStrategy.shard_rows`). A stacked state (a sweep's, `round` of shape `[G]`) has its
+    client rows on axis 1.
+    """
+    replicated = strategy.replicate(dataclasses.replace(state, clients=()))
+    clients = strategy.shard_rows(state.clients, row_axis=jnp.ndim(state.round))
+    return dataclasses.replace(replicated, clients=clients)
 
 
 def resolve_hparams(

@@ -56,6 +56,7 @@ from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learnin
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     client_rows,
+    initial_client_models,
     round_keys,
     select_cohort,
     store_client_rows,
@@ -173,9 +174,7 @@ def ditto(
         hparams = dict(hparams or {})
         lam = hparams.pop("lam", DITTO_HPARAM_DEFAULTS["lam"])
         state = global_algorithm.init(params, hparams)
-        personal = jax.tree.map(
-            lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)).copy(), params
-        )
+        personal = initial_client_models(params, num_clients, strategy)
         return dataclasses.replace(
             state,
             hparams={**state.hparams, "lam": jnp.asarray(lam, jnp.float32)},

@@ -42,7 +42,7 @@ from jaxfl.algorithms.base import (
 )
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import round_keys, select_cohort, update_personal_models
+from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, update_personal_models
 from jaxfl.training.local import LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params
@@ -79,9 +79,7 @@ def l2sgd(
         raise ValueError(f"l2sgd needs num_clients >= 1, got {num_clients}")
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        personal = jax.tree.map(
-            lambda leaf: jnp.broadcast_to(leaf, (num_clients, *leaf.shape)).copy(), params
-        )
+        personal = initial_client_models(params, num_clients, strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
@@ -103,9 +101,10 @@ def l2sgd(
         clients, trained = update_personal_models(
             task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
         )
-        # The mean of all N, recomputed (not updated by the cohort's change,
-        # whose rounding would drift over thousands of rounds).
-        mean = jax.tree.map(lambda rows: jnp.mean(rows, axis=0), clients)
+        # The mean of all N (not the padding rows of a split state), recomputed
+        # (not updated by the cohort's change, whose rounding would drift over
+        # thousands of rounds).
+        mean = jax.tree.map(lambda rows: jnp.mean(rows[:num_clients], axis=0), clients)
         metrics = {
             "train_loss": jnp.mean(trained.mean_batch_loss),
             "update_norm": tree_norm(jax.tree.map(jnp.subtract, mean, state.params)),

@@ -343,10 +343,6 @@ SPECS["l2sgd"] = AlgorithmSpec(
 )
 
 def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    if options["stragglers"]:
-        raise ValueError(
-            "apfl's local models step beside FedAvg's full local training: stragglers are not supported"
-        )
     if engine.num_clients is None:
         raise ValueError("apfl needs the number of training clients (Engine.num_clients)")
     global_algorithm = SPECS["fedavg"].build(engine, options)
@@ -357,6 +353,7 @@ def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
         engine.clients_per_round,
         engine.num_clients,
         strategy=engine.strategy,
+        stragglers=options["stragglers"],
     )
 
 

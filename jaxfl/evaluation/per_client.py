@@ -93,20 +93,23 @@ def personal_client_metrics(
     """Each client's loss and error under its own model: F_k(v_k) (Ditto).
 
     Client k of `population` is evaluated with row k of `personal` (leaves
-    `[N, ...]`), by `client_loss_and_error` over its examples; `group`
+    `[R, ...]`, R >= N: rows past N, padding of a state split over devices,
+    are not read), by `client_loss_and_error` over its examples; `group`
     clients at a time are vmapped (`lax.map` with a batch size), so memory is
-    that of `group` clients' activations, not of all N.
+    that of `group` clients' activations, not of all N. Each group gathers
+    its rows by id, so rows split over devices are not all copied to each.
 
     Returns:
       (`[N]` mean loss, `[N]` misclassification error), float32.
     """
     ids = jnp.arange(population.num_clients, dtype=jnp.int32)
+    personal = jax.tree.map(jnp.asarray, personal)
 
-    def one(args):
-        params, client_id = args
+    def one(client_id):
+        params = jax.tree.map(lambda rows: rows[client_id], personal)
         return client_loss_and_error(task, params, population, client_id)
 
-    return jax.lax.map(one, (personal, ids), batch_size=min(group, population.num_clients))
+    return jax.lax.map(one, ids, batch_size=min(group, population.num_clients))
 
 
 def _block_metrics(task: Task, params: Params, block: ClientPopulation) -> ClientMetrics:

@@ -151,12 +151,16 @@ def check_round_fits(
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
     personal_algorithms = [name for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS]
+    # Each device holds its share of the rows where they are split over devices.
+    devices = strategy.mesh.size if strategy.shards_client_state else 1
+    rows_per_device = strategy.client_state_rows(dataset.train.num_clients) // devices
     for name in personal_algorithms:
         # One float32 personal model per training client, held with the state
         # (docs/personalization.md).
-        personal = PERSONAL_MODEL_ALGORITHMS[name] * dataset.train.num_clients * num_parameters * 4
+        personal = PERSONAL_MODEL_ALGORITHMS[name] * rows_per_device * num_parameters * 4
         needed += personal
-        what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes)"
+        what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes"
+        what += f" a device, over {devices} devices)" if devices > 1 else ")"
     try:
         check_memory(
             needed, what, available=available, resource=resource,

@@ -18,7 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate, server_optimizer
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    ServerState,
+    local_learning_rate,
+    place_state,
+    server_optimizer,
+)
 from jaxfl.algorithms.registry import (
     SPECS,
     Engine,
@@ -980,8 +986,10 @@ def restore_carry(
 
 
 def place_carry(run_setup: Setup, carry: Any) -> Any:
-    """Puts a carry (fresh or restored from host arrays) where the round expects it."""
-    return run_setup.engine.strategy.replicate(jax.device_put(carry))
+    """Puts a carry (fresh or restored from host arrays) where the round expects it (`place_state`)."""
+    state, health = carry
+    strategy = run_setup.engine.strategy
+    return place_state(jax.device_put(state), strategy), strategy.replicate(jax.device_put(health))
 
 
 def run_algorithm(

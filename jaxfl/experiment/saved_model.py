@@ -67,11 +67,19 @@ def save_model(
     algorithm: str,
     personal: Any = None,
 ) -> Path:
-    """Writes `params` (and personal models, if any) and what rebuilds the network into `directory`."""
+    """Writes `params` (and personal models, if any) and what rebuilds the network into `directory`.
+
+    `personal` holds row k = training client k's model; rows past the
+    dataset's training clients (padding of a state split over devices) are
+    not saved.
+    """
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     to_host = lambda tree: jax.tree.map(lambda x: np.array(x, copy=True), jax.device_get(tree))  # noqa: E731
     personal = personal if personal is not None and jax.tree.leaves(personal) else None
+    if personal is not None:
+        num_clients = dataset.train.num_clients
+        personal = jax.tree.map(lambda rows: rows[:num_clients], to_host(personal))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(directory / "params", to_host(params))
         if personal is not None:

@@ -331,6 +331,17 @@ def update_personal_models(
     return store_client_rows(personal_models, cohort.client_ids, trained.params), trained
 
 
+def initial_client_models(params: Params, num_clients: int, strategy: ClientStrategy) -> Params:
+    """One copy of `params` per training client: leaves `[R, ...]`, row k client k's.
+
+    R = `strategy.client_state_rows(num_clients)`: N, or N rounded up to a
+    multiple of the devices over which the rows are split (the rows past N
+    are padding, never gathered).
+    """
+    rows = strategy.client_state_rows(num_clients)
+    return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (rows, *leaf.shape)).copy(), params)
+
+
 def client_rows(per_client_state: Params, client_ids: jax.Array) -> Params:
     """Rows `client_ids` of per-client state (leaves `[N, ...]`): the cohort's, leaves `[M, ...]`."""
     return jax.tree.map(lambda rows: rows[client_ids], per_client_state)

@@ -102,18 +102,54 @@ class ClientStrategy:
         mesh = self.mesh
         if mesh is None:
             return tree
-        sharding = NamedSharding(mesh, PartitionSpec())
-        if jax.process_count() == 1:
-            return jax.device_put(tree, sharding)
-        # Several processes (jax.distributed): every process holds the same
-        # host values and contributes its own devices' copies.
-        return jax.tree.map(
-            lambda x: jax.make_array_from_callback(
-                # The default binds this leaf's host copy (not a shared default).
-                x.shape, sharding, lambda index, x=np.asarray(x): x[index]  # noqa: B008
-            ),
-            tree,
-        )
+        return _place(tree, NamedSharding(mesh, PartitionSpec()))
+
+    @property
+    def shards_client_state(self) -> bool:
+        """Whether per-client state (rows indexed by client id) is split over several devices."""
+        mesh = self.mesh
+        return mesh is not None and mesh.size > 1
+
+    def client_state_rows(self, num_clients: int) -> int:
+        """Rows of per-client state for N clients: N, or N rounded up to a multiple of the devices.
+
+        Rounded up where the rows are split over devices: an array splits
+        evenly or not at all. The rows past N are padding no client id reaches.
+        """
+        if not self.shards_client_state:
+            return num_clients
+        devices = self.mesh.size
+        return -(-num_clients // devices) * devices
+
+    def shard_rows(self, tree: PyTree, row_axis: int = 0) -> PyTree:
+        """Places per-client state with its rows (axis `row_axis`) split over the mesh's devices.
+
+        Each device holds `rows / devices` clients' rows (Ditto's personal
+        models: N / D models a device, not N). Inside the compiled round a
+        gather of the cohort's rows becomes each device's own rows and one
+        all-reduce of the M gathered rows, and the scatter back stays local
+        (XLA's SPMD partitioner; checked in tests/training/test_strategies.py).
+        Replicates where the state is not split; the rows must be
+        `client_state_rows`.
+        """
+        if not self.shards_client_state:
+            return self.replicate(tree)
+        spec = PartitionSpec(*([None] * row_axis), CLIENT_AXIS)
+        return _place(tree, NamedSharding(self.mesh, spec))
+
+
+def _place(tree: PyTree, sharding: NamedSharding) -> PyTree:
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    # Several processes (jax.distributed): every process holds the same host
+    # values and contributes its own devices' shards.
+    return jax.tree.map(
+        lambda x: jax.make_array_from_callback(
+            # The default binds this leaf's host copy (not a shared default).
+            x.shape, sharding, lambda index, x=np.asarray(x): x[index]  # noqa: B008
+        ),
+        tree,
+    )
 
 
 def parse_strategy(text: str) -> ClientStrategy:

@@ -23,6 +23,7 @@ from reference import (
     tiny_population,
 )
 
+from jaxfl.algorithms.base import place_state
 from jaxfl.models import make_model
 from jaxfl.training import LocalTraining, Task
 from jaxfl.training.cohort import round_keys, sample_cohort
@@ -85,7 +86,7 @@ def run_rounds(algorithm, state, num_rounds, key, population=POPULATION, strateg
     # The state is donated: copy it, so the caller's arrays stay usable.
     state = jax.tree.map(jnp.copy, state)
     if strategy is not None:
-        state = strategy.replicate(state)
+        state = place_state(state, strategy)
     history = []
     for _ in range(num_rounds):
         state, metrics = round_fn(state, placed_population, key)

@@ -23,12 +23,14 @@ from algorithms.reference_rounds import (
     _sample_cohort,
     client_orders,
     initial_params,
+    plan_key,
     run_rounds,
 )
 from reference import TINY_LABEL_SHIFT, softmax_regression_grad
 
-from jaxfl.algorithms import Engine, build_algorithm, fedavg, server_optimizer
+from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
+from jaxfl.algorithms.plans import random_subset_mask
 from jaxfl.cli import main
 from jaxfl.training import ClientStrategy
 from jaxfl.training.cohort import round_keys
@@ -124,12 +126,20 @@ def test_sharded_layout_matches_vmap():
         np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-6)
 
 
-def test_apfl_refuses_stragglers():
-    engine = Engine(
-        TASK, LOCAL, M, ClientStrategy("vmap"), server_optimizer("sgd"), "num_examples", num_clients=N
-    )
-    with pytest.raises(ValueError, match="stragglers are not supported"):
-        build_algorithm("apfl", engine, {"stragglers": 0.5})
+def test_stragglers_dropped_by_fedavg_keep_their_local_models():
+    layout = ClientStrategy("vmap")
+    algorithm = apfl(fedavg(TASK, LOCAL, 4, strategy=layout, stragglers=0.5), TASK, LOCAL, 4, N,
+                     strategy=layout, stragglers=0.5)  # fmt: skip
+    state, metrics = run_rounds(algorithm, algorithm.init(initial_params(), {"lr": LR}), 1, KEY)
+    keys = round_keys(KEY, jnp.int32(0))
+    ids = np.asarray(_sample_cohort(keys.sampling, POPULATION, 4))
+    # FedAvg's choice of stragglers, from the plan key of round 0 (jaxfl.algorithms.fedavg).
+    choice_key, _ = jax.random.split(plan_key(KEY, 0))
+    straggling = np.asarray(random_subset_mask(choice_key, jnp.asarray(ids), 2))
+    assert metrics[0]["stragglers"] == 2 == straggling.sum()
+    start = np.asarray(initial_params()["dense"]["kernel"])
+    moved = [not np.array_equal(state.clients["dense"]["kernel"][i], start) for i in range(N)]
+    assert moved == [i in set(ids[~straggling]) for i in range(N)]
 
 
 def test_apfl_alpha_sweep_from_the_cli(tmp_path, capsys):

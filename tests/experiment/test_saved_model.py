@@ -96,3 +96,16 @@ def test_jaxfl_evaluate_refuses_in_one_line(finished, argv, words, capsys):
 def test_jaxfl_evaluate_of_a_folder_without_model(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path)]) == 2
     assert "no saved model" in capsys.readouterr().err
+
+
+def test_padding_rows_of_split_personal_models_are_not_saved(tmp_path):
+    """Personal models split over devices carry rows past the N training clients (padding)."""
+    from jaxfl.experiment.saved_model import save_model
+
+    run_setup = setup(make_config({**SETTINGS, "algorithm": "ditto"}))
+    params = run_setup.engine.task.model.init(jax.random.key(0))
+    personal = jax.tree.map(lambda leaf: np.stack([np.asarray(leaf) + row for row in range(48)]), params)
+    save_model(tmp_path / "model", params, run_setup.config, run_setup.dataset, "ditto", personal=personal)
+    saved = load_model(tmp_path / "model")
+    for got, written in zip(jax.tree.leaves(saved.personal), jax.tree.leaves(personal), strict=True):
+        np.testing.assert_array_equal(got, written[:40])

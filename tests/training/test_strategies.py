@@ -114,3 +114,24 @@ def test_reordered_layouts_return_outputs_in_client_order():
     for strategy in strategies:
         out = jax.jit(lambda pc, c, s=strategy: map_clients(fn, (), pc, s, cost=c))(per_client, cost)
         np.testing.assert_array_equal(out, np.arange(7) * 10)
+
+
+def test_split_rows_are_gathered_by_an_all_reduce_of_the_cohort_and_scattered_in_place():
+    """What `ClientStrategy.shard_rows` relies on: XLA gathers M rows of a split [R, ...] array without
+    copying all R rows to every device, and scatters them back into the devices' own rows."""
+    strategy = ClientStrategy("sharded", num_devices=4)
+    rows = strategy.shard_rows(jnp.arange(8 * 3, dtype=jnp.float32).reshape(8, 3))
+    ids = jnp.array([6, 1, 4], jnp.int32)
+
+    def round_trip(rows, ids):
+        return rows.at[ids].set(rows[ids] * 10.0, unique_indices=True)
+
+    compiled = jax.jit(round_trip, donate_argnums=0).lower(rows, ids).compile()
+    hlo = compiled.as_text()
+    assert "all-gather" not in hlo and "all-reduce" in hlo
+    expected = np.arange(24, dtype=np.float32).reshape(8, 3)
+    expected[[6, 1, 4]] *= 10.0
+    out = compiled(rows, ids)
+    np.testing.assert_array_equal(out, expected)
+    assert out.sharding.spec == rows.sharding.spec
+    assert {shard.data.shape[0] for shard in out.addressable_shards} == {2}
