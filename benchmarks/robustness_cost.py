@@ -10,7 +10,9 @@ second from `timing.json` (compilation excluded); the best of the repeats is
 reported, with each variant's ratio to FedAvg's on the same workload.
 
 Workloads: `main` (the main job's dataset and defaults: label-shift, linear
-model, 100 clients per round, 2,000 rounds) and `fmnist` (the thesis's
+model, 100 clients per round, 2,000 rounds), `main-split` (the same with each
+client's examples split 72/8/20 into its own training, validation and test
+data, which Ditto's dynamic lambda needs) and `fmnist` (the thesis's
 Fashion-MNIST Ditto workload, docs/ditto-fashion-mnist.md: 500 devices, the
 83k-parameter ConvNet, 10 clients per round, 2 local steps of batch 16, 200
 rounds: a model whose local training dominates the round).
@@ -29,6 +31,8 @@ from pathlib import Path
 
 WORKLOADS = {
     "main": [],
+    # The main job with each client's own 72/8/20 split (what Ditto's dynamic lambda chooses on).
+    "main-split": ["--client-split", "0.2", "--client-validation-split", "0.08"],
     "fmnist": [
         "--dataset", "fashion-mnist", "--dataset-option", "partition=ditto", "--model", "convnet",
         "--clients-per-round", "10", "--batch-size", "16", "--max-local-steps", "2", "--lr", "0.05",
@@ -42,6 +46,10 @@ VARIANTS = {
     "krum": ["--algorithm", "fedavg", "--aggregator", "krum", "--byzantine", "10"],
     "geometric-median": ["--algorithm", "fedavg", "--aggregator", "geometric-median"],
     "ditto+geometric-median": ["--algorithm", "ditto", "--aggregator", "geometric-median"],
+    "apfl": ["--algorithm", "apfl"],
+    "l2sgd": ["--algorithm", "l2sgd"],
+    # Needs validation client k = training client k (main-split, fmnist).
+    "ditto-dynamic-lam": ["--algorithm", "ditto", "--ditto-dynamic-lam", "0.1,1,2"],
 }
 
 

@@ -18,6 +18,7 @@ state or round is allocated:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -118,6 +119,54 @@ def round_memory_available() -> tuple[int, str]:
     return host, "memory"
 
 
+def client_state_nbytes(
+    strategy: ClientStrategy, num_clients: int, num_parameters: int, algorithm: str
+) -> int:
+    """Bytes an algorithm's personal models take in the memory `round_memory_available` measures.
+
+    One float32 model per training client (two for APFL,
+    `PERSONAL_MODEL_ALGORITHMS`; docs/personalization.md). Under a layout
+    over several devices each holds all the rows (replicated) or its share
+    (split); on CPU the devices share the host's memory, so every device's
+    copy counts.
+    """
+    mesh = strategy.mesh
+    devices = mesh.size if mesh is not None else 1
+    rows = strategy.client_state_rows(num_clients)
+    per_device = rows // devices if strategy.shards_client_state else rows
+    copies = devices if jax.default_backend() == "cpu" else 1
+    return PERSONAL_MODEL_ALGORITHMS[algorithm] * per_device * copies * num_parameters * 4
+
+
+# `--client-state auto` splits the personal models over the devices when
+# their replicated copies would take more than this share of the memory.
+SPLIT_CLIENT_STATE_SHARE = 0.25
+
+
+def choose_client_state(
+    config: RunConfig, strategy: ClientStrategy, num_clients: int, num_parameters: int,
+    *, available: int | None = None,
+) -> ClientStrategy:
+    """The strategy with `split_client_state` as `--client-state` says.
+
+    'split' and 'replicated' as named; 'auto' replicates unless the
+    replicated personal models would take over `SPLIT_CLIENT_STATE_SHARE` of
+    the memory available: splitting costs an all-reduce of the cohort's
+    models a round (Ditto on the main job, 2 CPU devices: 5% fewer rounds/s,
+    benchmarks/RESULTS.md) and saves memory only where it is short.
+    """
+    if config.client_state != "auto":
+        return dataclasses.replace(strategy, split_client_state=config.client_state == "split")
+    replicated = dataclasses.replace(strategy, split_client_state=False)
+    personal = sum(
+        client_state_nbytes(replicated, num_clients, num_parameters, name)
+        for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS
+    )
+    if available is None:
+        available, _ = round_memory_available()
+    return dataclasses.replace(strategy, split_client_state=personal > SPLIT_CLIENT_STATE_SHARE * available)
+
+
 def check_round_fits(
     config: RunConfig,
     task: Task,
@@ -151,16 +200,11 @@ def check_round_fits(
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
     personal_algorithms = [name for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS]
-    # Each device holds its share of the rows where they are split over devices.
-    devices = strategy.mesh.size if strategy.shards_client_state else 1
-    rows_per_device = strategy.client_state_rows(dataset.train.num_clients) // devices
     for name in personal_algorithms:
-        # One float32 personal model per training client, held with the state
-        # (docs/personalization.md).
-        personal = PERSONAL_MODEL_ALGORITHMS[name] * rows_per_device * num_parameters * 4
+        personal = client_state_nbytes(strategy, dataset.train.num_clients, num_parameters, name)
         needed += personal
-        what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes"
-        what += f" a device, over {devices} devices)" if devices > 1 else ")"
+        layout = "split over the devices" if strategy.shards_client_state else "replicated"
+        what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes, {layout})"
     try:
         check_memory(
             needed, what, available=available, resource=resource,

@@ -199,6 +199,12 @@ class RunConfig:
         "(0: local models only); l2sgd: the same with w the mean of the personal models",
         low=0.0,
     )
+    client_state: str = _field(
+        "auto", "under a sharded strategy over several devices, whether the personal models (ditto, l2sgd, "
+        "apfl) are split over the devices (each holding N/D) or replicated on each; auto: split when the "
+        "replicated copies would take over a quarter of the memory (docs/personalization.md)",
+        choices=("auto", "split", "replicated"),
+    )
     ditto_dynamic_lam: str = _field(
         "", "ditto: dynamic lambda (thesis 5.3), candidates such as 0.1,1,2 tried at every personal step, "
         "each client keeping the one of least loss on its own validation examples (needs "

@@ -26,6 +26,7 @@ from jaxfl.algorithms.base import (
     server_optimizer,
 )
 from jaxfl.algorithms.registry import (
+    PERSONAL_MODEL_ALGORITHMS,
     SPECS,
     Engine,
     algorithm_names,
@@ -44,7 +45,7 @@ from jaxfl.evaluation.per_client import (
 )
 from jaxfl.evaluation.summaries import summarize, within_range
 from jaxfl.experiment.checkpoints import RunCheckpoints
-from jaxfl.experiment.checks import check_round_fits, data_warnings
+from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
 from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
@@ -341,6 +342,7 @@ def setup(config: RunConfig) -> Setup:
     check_model_fits_targets(model, dataset, config)
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     strategy = choose_strategy(config.strategy, num_parameters)
+    strategy = choose_client_state(config, strategy, num_train, num_parameters)
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
         local=LocalTraining(
@@ -1103,6 +1105,8 @@ def run_algorithm(
         "strategy": engine.strategy.describe(),
         "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
+    if name in PERSONAL_MODEL_ALGORITHMS:
+        summary["client_state"] = "split" if strategy.shards_client_state else "replicated"
     attack = attack_record(config, run_setup.corrupted)
     if attack is not None:
         summary["attack"] = attack

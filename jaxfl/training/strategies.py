@@ -50,12 +50,17 @@ class ClientStrategy:
       inner: how each device runs its clients under 'sharded'.
       num_devices: devices of the mesh under 'sharded' (None: all local
         devices).
+      split_client_state: under 'sharded' over several devices, split
+        per-client state (personal models) along the client axis, each
+        device holding its share of the rows, rather than replicating it
+        (`shard_rows`; the runner's `--client-state` chooses).
     """
 
     kind: str = "vmap"
     chunk_size: int | None = None
     inner: str = "sequential"
     num_devices: int | None = None
+    split_client_state: bool = False
 
     def __post_init__(self):
         kinds = ("vmap", "chunked", "sequential", "sharded")
@@ -108,7 +113,7 @@ class ClientStrategy:
     def shards_client_state(self) -> bool:
         """Whether per-client state (rows indexed by client id) is split over several devices."""
         mesh = self.mesh
-        return mesh is not None and mesh.size > 1
+        return self.split_client_state and mesh is not None and mesh.size > 1
 
     def client_state_rows(self, num_clients: int) -> int:
         """Rows of per-client state for N clients: N, or N rounded up to a multiple of the devices.

@@ -23,7 +23,7 @@ from jaxfl.training.strategies import CLIENT_AXIS
 M = 3
 N = len(SIZES)
 KEY = jax.random.key(17)
-SPLIT = ClientStrategy("sharded", num_devices=3)
+SPLIT = ClientStrategy("sharded", num_devices=3, split_client_state=True)
 VMAP = ClientStrategy("vmap")
 
 
@@ -38,7 +38,25 @@ def build(name, strategy):
 def test_rows_round_up_to_the_devices():
     assert SPLIT.client_state_rows(8) == 9 and SPLIT.client_state_rows(9) == 9
     assert VMAP.client_state_rows(8) == 8
-    assert ClientStrategy("sharded", num_devices=1).client_state_rows(8) == 8
+    assert ClientStrategy("sharded", num_devices=1, split_client_state=True).client_state_rows(8) == 8
+    # Replicated (the default), the rows are N.
+    assert ClientStrategy("sharded", num_devices=3).client_state_rows(8) == 8
+
+
+def test_client_state_is_split_where_told_or_where_memory_is_short():
+    from jaxfl.experiment.checks import choose_client_state
+    from jaxfl.experiment.config import make_config
+
+    sharded = ClientStrategy("sharded", num_devices=3)
+
+    def split(client_state, available, algorithm="ditto"):
+        config = make_config({"algorithm": algorithm, "client_state": client_state})
+        # 8 clients x 1,000 parameters x 4 bytes x 3 CPU devices' copies = 96,000 bytes replicated.
+        return choose_client_state(config, sharded, 8, 1000, available=available).shards_client_state
+
+    assert split("split", 10**12) and not split("replicated", 1)
+    assert not split("auto", 4 * 96_000) and split("auto", 4 * 96_000 - 4)
+    assert not split("auto", 1, algorithm="fedavg")  # No personal models.
 
 
 @pytest.mark.parametrize("name", ["ditto", "l2sgd", "apfl"])

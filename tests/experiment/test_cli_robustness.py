@@ -22,13 +22,14 @@ def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
     status = main([
         "run", *TINY, "--algorithm", "ditto", "--lam", "0.5", "--client-split", "0.25",
         "--attack", "model-replacement", "--attack-data", "random-labels", "--attack-fraction", "0.25",
-        "--aggregator", "geometric-median", "--out", str(out),
+        "--aggregator", "geometric-median", "--client-state", "split", "--out", str(out),
     ])  # fmt: skip
     captured = capsys.readouterr()
     assert status == 0, captured.err
     assert "ditto (personal)" in captured.out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["attack"]["corrupted_clients"] == 10  # round(0.25 * 40)
+    assert summary["client_state"] == "split"  # Over the test process's CPU devices.
     with (out / "clients.csv").open() as f:
         rows = list(csv.DictReader(f))
     test = [r for r in rows if r["population"] == "test"]

@@ -119,7 +119,7 @@ def test_reordered_layouts_return_outputs_in_client_order():
 def test_split_rows_are_gathered_by_an_all_reduce_of_the_cohort_and_scattered_in_place():
     """What `ClientStrategy.shard_rows` relies on: XLA gathers M rows of a split [R, ...] array without
     copying all R rows to every device, and scatters them back into the devices' own rows."""
-    strategy = ClientStrategy("sharded", num_devices=4)
+    strategy = ClientStrategy("sharded", num_devices=4, split_client_state=True)
     rows = strategy.shard_rows(jnp.arange(8 * 3, dtype=jnp.float32).reshape(8, 3))
     ids = jnp.array([6, 1, 4], jnp.int32)
 
