@@ -37,10 +37,11 @@ Hyperparameters (thesis App. 5.7.4; the authors' code for what the thesis
 leaves out): lr 0.05, batch 16, 10 devices per round, 2 local iterations
 (`--max-local-steps 2`: the same 2 minibatches for the global and the
 personal steps), 5,000 rounds in the thesis (here `--rounds`, default 500:
-see docs/ditto-fashion-mnist.md for the time), λ fixed (`--lam`, default 1;
-the thesis's Table 5.1 picks λ per device on validation data, "dynamic λ",
-which jaxfl does not implement: its Table 5.9 rows for fixed λ are printed
-too), and for Krum, multi-Krum and k-norm the server knows f =
+see docs/ditto-fashion-mnist.md for the time), λ fixed (`--lam`, default 1,
+next to the thesis's Table 5.9 rows for fixed λ) or, with `--dynamic-lam`,
+the thesis's Table 5.1 choice: dynamic λ, picked at every personal step on
+each device's validation data (`jaxfl run --ditto-dynamic-lam`), and for
+Krum, multi-Krum and k-norm the server knows f =
 int(K * N_mal / N) = int(10 * fraction). The corrupted devices are the same
 for every method of a setting (chosen from `--seed`).
 
@@ -228,15 +229,39 @@ def byzantine(fraction: float | None) -> int:
     return int(CLIENTS_PER_ROUND * (fraction or 0.0) + 1e-9)
 
 
-def make_run(setting: str, name: str, lam: float, aggregator: str = "mean") -> Run:
+# Dynamic λ's candidates and small-device λ (thesis section 5.3): strong attacks are
+# every A3 and any attack corrupting more than half of the devices.
+DYNAMIC_LAM = {"strong": ("0.05,0.1,0.2", 0.1), "other": ("0.1,1,2", 1.0)}
+
+
+def is_strong(setting: str) -> bool:
+    spec = SETTINGS[setting]
+    return spec.attack == _A3 or (spec.fraction or 0.0) > 0.5
+
+
+def ditto_lam(args: argparse.Namespace) -> float | None:
+    """Ditto's λ for the runs: `--lam`, or None for dynamic λ (`--dynamic-lam`)."""
+    return None if args.dynamic_lam else args.lam
+
+
+def ditto_label(args: argparse.Namespace) -> str:
+    return "Ditto, dynamic λ" if args.dynamic_lam else f"Ditto λ={args.lam:g}"
+
+
+def make_run(setting: str, name: str, lam: float | None, aggregator: str = "mean") -> Run:
+    """`lam` None: Ditto with dynamic λ, the setting's candidates (`DYNAMIC_LAM`)."""
     spec = SETTINGS[setting]
     if name == "term":
         words = ["--algorithm", "term", "--tilt", f"{TILT:g}"]
         expected: dict[str, Any] = {"algorithm": "term", "tilt": TILT}
-    else:
+    elif name == "local" or lam is not None:
         lam = 0.0 if name == "local" else lam
         words = ["--algorithm", "ditto", "--lam", f"{lam:g}"]
         expected = {"algorithm": "ditto", "lam": lam}
+    else:
+        candidates, small = DYNAMIC_LAM["strong" if is_strong(setting) else "other"]
+        words = ["--algorithm", "ditto", "--lam", f"{small:g}", "--ditto-dynamic-lam", candidates]
+        expected = {"algorithm": "ditto", "lam": small, "ditto_dynamic_lam": candidates}
     if spec.fraction is not None:
         words += [*spec.attack, "--attack-fraction", f"{spec.fraction:g}"]
         expected["attack_fraction"] = spec.fraction
@@ -258,17 +283,18 @@ def plan(args: argparse.Namespace) -> list[Run]:
     runs: list[Run] = []
     if "5.1" in args.tables:
         for setting in args.settings:
-            runs.append(make_run(setting, "ditto", args.lam))
-            runs.append(make_run(setting, "term", args.lam))
+            runs.append(make_run(setting, "ditto", ditto_lam(args)))
+            runs.append(make_run(setting, "term", ditto_lam(args)))
             if args.local == "every":
-                runs.append(make_run(setting, "local", args.lam))
+                runs.append(make_run(setting, "local", ditto_lam(args)))
         if args.local == "clean":
-            runs.append(make_run("clean", "local", args.lam))  # Scored on each setting's benign devices.
+            # Scored on each setting's benign devices.
+            runs.append(make_run("clean", "local", ditto_lam(args)))
     if "robust" in args.tables:
         for setting in args.robust_settings:
-            runs.append(make_run(setting, "ditto", args.lam))
+            runs.append(make_run(setting, "ditto", ditto_lam(args)))
             for aggregator in args.aggregators:
-                runs.append(make_run(setting, "ditto", args.lam, aggregator))
+                runs.append(make_run(setting, "ditto", ditto_lam(args), aggregator))
     unique: dict[tuple[str, str], Run] = {}
     for run in runs:
         unique.setdefault((run.setting, run.name), run)
@@ -441,17 +467,17 @@ def measured_51(args: argparse.Namespace) -> dict[str, dict[str, Cell | None]]:
     """Row -> setting -> the measured cell, for Table 5.1."""
     rows: dict[str, dict[str, Cell | None]] = {"global": {}, "local": {}, "fair": {}, "ditto": {}}
     for setting in args.settings:
-        ditto = run_directory(args.out, make_run(setting, "ditto", args.lam))
+        ditto = run_directory(args.out, make_run(setting, "ditto", ditto_lam(args)))
         rows["global"][setting] = accuracy_cell(ditto, "test_error")
         rows["ditto"][setting] = accuracy_cell(ditto, "personal_test_error")
-        term = run_directory(args.out, make_run(setting, "term", args.lam))
+        term = run_directory(args.out, make_run(setting, "term", ditto_lam(args)))
         rows["fair"][setting] = accuracy_cell(term, "test_error")
         if args.local == "every":
             rows["local"][setting] = accuracy_cell(
-                run_directory(args.out, make_run(setting, "local", args.lam)), "personal_test_error"
+                run_directory(args.out, make_run(setting, "local", ditto_lam(args))), "personal_test_error"
             )
         else:
-            clean_local = run_directory(args.out, make_run("clean", "local", args.lam))
+            clean_local = run_directory(args.out, make_run("clean", "local", ditto_lam(args)))
             rows["local"][setting] = local_cell(clean_local, None if setting == "clean" else ditto)
     return rows
 
@@ -464,7 +490,7 @@ def _lam_key(lam: float) -> str | None:
 def table_51(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Long-format rows (method, source, setting, mean, std) of Table 5.1."""
     measured = measured_51(args)
-    lam = f"{args.lam:g}"
+    label = ditto_label(args)
     layout = [
         ("global", "jaxfl (FedAvg)", measured["global"]),
         ("global", THESIS_51, PUBLISHED["global"]),
@@ -472,10 +498,10 @@ def table_51(args: argparse.Namespace) -> list[dict[str, Any]]:
         ("local", THESIS_51, PUBLISHED["local"]),
         ("fair (TERM, t=1)", "jaxfl", measured["fair"]),
         ("fair (TERM, t=1)", THESIS_51, PUBLISHED["fair"]),
-        (f"Ditto λ={lam}", "jaxfl", measured["ditto"]),
+        (label, "jaxfl", measured["ditto"]),
     ]
-    if _lam_key(args.lam):
-        layout.append((f"Ditto λ={lam}", THESIS_59, PUBLISHED[_lam_key(args.lam)]))
+    if _lam_key(args.lam) and not args.dynamic_lam:
+        layout.append((label, THESIS_59, PUBLISHED[_lam_key(args.lam)]))
     layout.append(("Ditto, dynamic λ", THESIS_51, PUBLISHED["ditto-dynamic"]))
     return _long_rows("5.1", layout, args.settings)
 
@@ -483,11 +509,13 @@ def table_51(args: argparse.Namespace) -> list[dict[str, Any]]:
 def table_robust(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Long-format rows of the robust-aggregator table."""
     settings = args.robust_settings
-    lam = f"{args.lam:g}"
+    label = ditto_label(args)
 
     def cells(aggregator: str, metric: str) -> dict[str, Cell | None]:
         return {
-            s: accuracy_cell(run_directory(args.out, make_run(s, "ditto", args.lam, aggregator)), metric)
+            s: accuracy_cell(
+                run_directory(args.out, make_run(s, "ditto", ditto_lam(args), aggregator)), metric
+            )
             for s in settings
         }
 
@@ -500,10 +528,10 @@ def table_robust(args: argparse.Namespace) -> list[dict[str, Any]]:
         layout.append((f"global + {name}", "jaxfl", cells(aggregator, "test_error")))
         if aggregator in PUBLISHED:
             layout.append((f"global + {name}", THESIS_59, PUBLISHED[aggregator]))
-        layout.append((f"Ditto λ={lam} + {name}", "jaxfl", cells(aggregator, "personal_test_error")))
-    layout.append((f"Ditto λ={lam} (mean)", "jaxfl", cells("mean", "personal_test_error")))
-    if _lam_key(args.lam):
-        layout.append((f"Ditto λ={lam} (mean)", THESIS_59, PUBLISHED[_lam_key(args.lam)]))
+        layout.append((f"{label} + {name}", "jaxfl", cells(aggregator, "personal_test_error")))
+    layout.append((f"{label} (mean)", "jaxfl", cells("mean", "personal_test_error")))
+    if _lam_key(args.lam) and not args.dynamic_lam:
+        layout.append((f"{label} (mean)", THESIS_59, PUBLISHED[_lam_key(args.lam)]))
     return _long_rows("robust", layout, settings)
 
 
@@ -630,6 +658,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lam", type=float, default=1.0,
                         help="Ditto's λ, fixed (dynamic λ is not implemented)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the runs (and of the corrupted devices)")
+    parser.add_argument("--dynamic-lam", action="store_true",
+                        help="Ditto with the thesis's dynamic λ (section 5.3: candidates 0.1,1,2, or "
+                        "0.05,0.1,0.2 under strong attacks, tried at every personal step on each device's "
+                        "validation data; devices with fewer than 4 validation examples use 1, or 0.1) "
+                        "instead of --lam")
     parser.add_argument("--tables", type=lambda t: _names(t, ("5.1", "robust"), "--tables"),
                         default=("5.1", "robust"), help="5.1 and/or robust (comma-separated)")
     parser.add_argument("--settings", type=lambda t: _names(t, list(SETTINGS), "--settings"), default=None,
