@@ -69,6 +69,9 @@ class FederatedAlgorithm(NamedTuple):
         is evaluated and saved as personal models), or () for an algorithm
         without them. Default: `state.clients`
         (Ditto, L2SGD); APFL mixes its personal models with the global one.
+      personalize: `(state, training population) -> ` personal models,
+        leaves `[N, ...]`, made once after training from the final state and
+        the clients' data (Per-FedAvg's adaptation step), or None.
     """
 
     name: str
@@ -76,6 +79,7 @@ class FederatedAlgorithm(NamedTuple):
     round: Callable[[ServerState, ClientPopulation, Key], tuple[ServerState, Metrics]]
     hparam_defaults: Mapping[str, float]
     personal_models: Callable[[ServerState], PyTree] = lambda state: state.clients
+    personalize: Callable[[ServerState, ClientPopulation], PyTree] | None = None
 
 
 def place_state(state: ServerState, strategy: ClientStrategy) -> ServerState:

@@ -46,7 +46,7 @@ passes over the client's validation examples.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +62,15 @@ from jaxfl.training.cohort import (
     store_client_rows,
     update_personal_models,
 )
-from jaxfl.training.local import LocalHParams, LocalTraining, Task, client_loss_and_error, local_sgd
+from jaxfl.training.local import (
+    LocalHParams,
+    LocalStep,
+    LocalTraining,
+    Task,
+    client_loss_and_error,
+    local_sgd,
+    minibatch_loss,
+)
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Metrics, Params
 
@@ -97,7 +105,7 @@ def lambda_candidates(text: str) -> tuple[float, ...]:
     return tuple(values)
 
 
-def greedy_lambda_update(
+def greedy_lambda_step(
     task: Task,
     candidates: tuple[float, ...],
     fallback_lam: jax.Array,
@@ -105,22 +113,23 @@ def greedy_lambda_update(
     anchor: Params,
     validation: ClientPopulation,
     client_id: jax.Array,
-) -> Callable[[Params, Params], Params]:
-    """Dynamic lambda's personal step for one client (module docstring), as a `local_sgd` update."""
+) -> LocalStep:
+    """Dynamic lambda's personal step for one client (module docstring), as a `local_sgd` step."""
     enough = validation.counts[client_id] >= MIN_VALIDATION_EXAMPLES
 
-    def step(params, grads, lam):
+    def with_lambda(params, grads, lam):
         return jax.tree.map(lambda v, g, w: v - lr * (g + lam * (v - w)), params, grads, anchor)
 
-    def update(params: Params, grads: Params) -> Params:
-        tried = [step(params, grads, jnp.float32(lam)) for lam in candidates]
+    def step(params: Params, batch, valid, key) -> tuple[Params, jax.Array]:
+        loss, grads = jax.value_and_grad(minibatch_loss, argnums=1)(task, params, batch, valid, key)
+        tried = [with_lambda(params, grads, jnp.float32(lam)) for lam in candidates]
         losses = jnp.stack([client_loss_and_error(task, v, validation, client_id)[0] for v in tried])
         best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
         chosen = jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *tried)
-        fixed = step(params, grads, fallback_lam)
-        return jax.tree.map(lambda c, f: jnp.where(enough, c, f), chosen, fixed)
+        fixed = with_lambda(params, grads, fallback_lam)
+        return jax.tree.map(lambda c, f: jnp.where(enough, c, f), chosen, fixed), loss
 
-    return update
+    return step
 
 
 def ditto(
@@ -203,12 +212,12 @@ def ditto(
     def dynamic_personal_steps(state, cohort, clients_key, hparams):
         def client_fn(shared, client):
             anchor, population, validation, hparams = shared
-            update = greedy_lambda_update(
+            step = greedy_lambda_step(
                 task, dynamic_lam, hparams.prox_mu, hparams.lr, anchor, validation, client["validation_id"]
             )
             result = local_sgd(
                 task, client["start"], population, client["id"], client["key"], hparams, local,
-                active=client["active"], anchor=anchor, update=update,
+                active=client["active"], anchor=anchor, step=step,
             )
             return {"params": result.params, "loss": result.mean_batch_loss}
 

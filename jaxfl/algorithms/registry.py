@@ -39,6 +39,7 @@ from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.l2sgd import l2sgd
+from jaxfl.algorithms.perfedavg import perfedavg
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.term import term
@@ -363,6 +364,15 @@ SPECS["apfl"] = AlgorithmSpec(
     "alpha v_k + (1 - alpha) w",
     hparams=("apfl_alpha",),
     options={"stragglers": 0.0},
+)
+
+SPECS["perfedavg"] = AlgorithmSpec(
+    lambda engine, options: perfedavg(
+        engine.task, engine.local, engine.clients_per_round, **_shared(engine)
+    ),
+    "Per-FedAvg (HF) (Fallah et al. 2020; thesis 5.5): MAML-trained global model, personal "
+    "model one step of size alpha on each client's data",
+    hparams=("perfedavg_alpha", "perfedavg_delta"),
 )
 
 # Algorithms whose state holds personal models, and how many models per

@@ -58,6 +58,7 @@ from jaxfl.attacks import attack_updates
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortResults,
+    StepFactory,
     round_keys,
     select_cohort,
     train_cohort,
@@ -193,6 +194,7 @@ def weighted_averaging_algorithm(
     proximal: bool = False,
     use_l2: bool = True,
     robustness: Robustness | None = None,
+    local_step: StepFactory | None = None,
 ) -> FederatedAlgorithm:
     """Builds a round that samples, plans, trains, aggregates, steps.
 
@@ -229,6 +231,8 @@ def weighted_averaging_algorithm(
       use_l2: include the l2 term in local steps (hyperparameter 'l2').
       robustness: the run's update attack and aggregator (see the module
         docstring), or None.
+      local_step: replaces the local SGD step (`train_cohort`; Per-FedAvg's
+        meta step), reading the state's hyperparameters.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -335,6 +339,8 @@ def weighted_averaging_algorithm(
             num_epochs=None if single_pass else client_plan.num_epochs,
             active=None if single_pass else client_plan.active,
             slots=slots,
+            local_step=local_step,
+            step_hparams=state.hparams if local_step is not None else None,
         )
         if results.initial_loss is not None:
             cohort = cohort._replace(

@@ -214,6 +214,14 @@ class RunConfig:
         0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
         "model; 1: local models)", low=0.0, high=1.0,
     )
+    perfedavg_alpha: float = _field(
+        0.01, "perfedavg: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML objective "
+        "trains for (and that makes each client's personal model after training)", low=0.0, low_open=True,
+    )
+    perfedavg_delta: float = _field(
+        1e-3, "perfedavg: delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
+        low=0.0, low_open=True,
+    )
     ditto_global: str = _field(
         "fedavg",
         "ditto: the global algorithm G whose model the personal models are pulled to",

@@ -520,6 +520,16 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
 _finetune = jax.jit(finetune_models, static_argnums=(0, 1, 2))
 
 
+def personalized_models(run_setup: Setup, algorithm: FederatedAlgorithm, state: ServerState) -> Any:
+    """An algorithm's personal models made after training (`FederatedAlgorithm.personalize`:
+    Per-FedAvg's adaptation step), from the final state and the training clients' examples
+    (copied to the device if they are host-resident); evaluated as personal models.
+    """
+    train = run_setup.dataset.train
+    population = train.to_device() if isinstance(train, HostPopulation) else train
+    return jax.jit(algorithm.personalize)(state, run_setup.engine.strategy.replicate(population))
+
+
 def personal_evaluation_group(strategy: ClientStrategy) -> int:
     """Clients whose personal models are evaluated together: the run's layout's.
 
@@ -1083,10 +1093,15 @@ def run_algorithm(
             start_round=start_round, checkpointing=checkpointing,
         )
         state, health = carry[0], host_health(carry[1])
-        if config.finetune_epochs and not jax.tree.leaves(algorithm.personal_models(state)):
+        after_training = None
+        if algorithm.personalize is not None:
+            after_training = lambda: personalized_models(run_setup, algorithm, state)  # noqa: E731
+        elif config.finetune_epochs and not jax.tree.leaves(algorithm.personal_models(state)):
             # Algorithms with personal models of their own (ditto) report those.
+            after_training = lambda: finetuned_models(run_setup, state, run_key)  # noqa: E731
+        if after_training is not None:
             started = time.perf_counter()
-            summaries, clients = evaluate(state.params, finetuned_models(run_setup, state, run_key))
+            summaries, clients = evaluate(state.params, after_training())
             latest.update(summaries=summaries, clients=clients)
             spent = time.perf_counter() - started
             timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)

@@ -6,6 +6,7 @@ differ only in how they weight and combine client results.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import jax
@@ -15,6 +16,7 @@ from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.fused import fused_layout, train_fused
 from jaxfl.training.local import (
     LocalHParams,
+    LocalStep,
     LocalTraining,
     Task,
     client_loss_and_error,
@@ -25,6 +27,9 @@ from jaxfl.training.local import (
 from jaxfl.training.sampling import sample_without_replacement
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Params
+
+# local_step(hparams, step_hparams) -> a `local_sgd` step (`jaxfl.training.local.LocalStep`).
+StepFactory = Callable[[LocalHParams, Mapping[str, jax.Array]], LocalStep]
 
 
 class CohortKeys(NamedTuple):
@@ -81,6 +86,8 @@ def train_cohort(
     num_epochs: jax.Array | None = None,
     active: jax.Array | None = None,
     slots: jax.Array | None = None,
+    local_step: StepFactory | None = None,
+    step_hparams: Mapping[str, jax.Array] | None = None,
 ) -> CohortResults:
     """Runs local training on every client of the cohort.
 
@@ -100,6 +107,9 @@ def train_cohort(
       active: optional `[M]` bool; inactive clients run no steps.
       slots: `[M]` where each client's examples are in `population`
         (default: `client_ids`; a `GatheredCohort`'s clients sit at 0..M-1).
+      local_step: replaces the local SGD step (Per-FedAvg's meta step):
+        `local_step(hparams, step_hparams)` gives `local_sgd`'s `step`.
+      step_hparams: traced scalars `local_step` reads (the state's hparams).
 
     Returns:
       The per-client results.
@@ -113,7 +123,8 @@ def train_cohort(
     }
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
-    layout = fused_layout(task, local, strategy, params, population) if _kernel_takes(hparams) else None
+    fusable = local_step is None and _kernel_takes(hparams)
+    layout = fused_layout(task, local, strategy, params, population) if fusable else None
     if layout is not None:
         return _train_cohort_fused(
             task, local, strategy, layout, params, population, client_ids, per_client, hparams,
@@ -121,7 +132,7 @@ def train_cohort(
         )
 
     def client_fn(shared, client):
-        params, population, hparams = shared
+        params, population, hparams, step_hparams = shared
         out = {}
         if with_initial_loss:
             out["initial_loss"], out["initial_error"] = client_loss_and_error(
@@ -137,6 +148,7 @@ def train_cohort(
             local,
             num_epochs=client.get("num_epochs"),
             active=client["active"],
+            step=None if local_step is None else local_step(hparams, step_hparams),
         )
         out["delta"] = jax.tree.map(jnp.subtract, result.params, params)
         out["num_steps"] = result.num_steps
@@ -146,9 +158,8 @@ def train_cohort(
     # Each client's work is about its number of local steps: layouts that
     # group clients use it to balance them.
     cost = local.num_steps(population.counts[slots], num_epochs)
-    out = map_clients(
-        client_fn, (params, population, hparams), per_client, strategy, cost=cost
-    )
+    shared = (params, population, hparams, dict(step_hparams or {}))
+    out = map_clients(client_fn, shared, per_client, strategy, cost=cost)
     return CohortResults(
         client_ids=client_ids,
         deltas=out["delta"],

@@ -399,6 +399,8 @@ def mean_symmetrized_kl(
 
 # objective(params, batch, valid, step_key) -> (value to minimize, loss to report).
 BatchObjective = Callable[[Params, dict, jax.Array, "Key | None"], tuple[jax.Array, jax.Array]]
+# step(params, batch, valid, step_key) -> (new params, loss to report).
+LocalStep = Callable[[Params, dict, jax.Array, "Key | None"], tuple[Params, jax.Array]]
 
 
 def local_sgd(
@@ -414,7 +416,7 @@ def local_sgd(
     active: jax.Array | bool = True,
     anchor: Params | None = None,
     objective: BatchObjective | None = None,
-    update: Callable[[Params, Params], Params] | None = None,
+    step: LocalStep | None = None,
 ) -> LocalResult:
     """Trains one client from `params` with minibatch SGD.
 
@@ -437,9 +439,10 @@ def local_sgd(
         step_key) -> (value, reported loss)`, value differentiated (APFL's
         joint step over a global and a personal model); None: the mean
         batch loss (`minibatch_loss`), plus the KL term of `kl_mu`.
-      update: replaces the step itself: `(params, grads) -> params`, grads
-        those of the objective (Ditto's dynamic lambda picks among candidate
-        steps); None: the SGD step of the module docstring with `hparams`.
+      step: replaces the whole step: `(params, batch, valid, step_key) ->
+        (params, reported loss)` (Ditto's dynamic lambda picks among
+        candidate steps, Per-FedAvg takes a meta-gradient step); None: the
+        SGD step of the module docstring on `objective`, with `hparams`.
 
     Returns:
       The trained parameters, the number of real steps and the mean loss of
@@ -456,11 +459,14 @@ def local_sgd(
     # epoch orders (which fold in the epoch index).
     model_key = jax.random.fold_in(key, _MODEL_STREAM)
 
-    def train_step(step, params):
-        rows, valid = _step_rows(step, perms, offset, count, steps_per_epoch, max_count, config)
+    def train_step(step_index, params):
+        rows, valid = _step_rows(step_index, perms, offset, count, steps_per_epoch, max_count, config)
         batch = {name: feature[rows] for name, feature in population.features.items()}
 
-        step_key = jax.random.fold_in(model_key, step) if task.model.stochastic else None
+        step_key = jax.random.fold_in(model_key, step_index) if task.model.stochastic else None
+
+        if step is not None:
+            return step(params, batch, valid, step_key)
 
         def batch_objective(p):
             if objective is not None:
@@ -472,8 +478,6 @@ def local_sgd(
             return loss + 0.5 * hparams.kl_mu * divergence, loss
 
         (_, loss), grads = jax.value_and_grad(batch_objective, has_aux=True)(params)
-        if update is not None:
-            return update(params, grads), loss
         if hparams.prox_mu is not None and hparams.prox_weights is not None:
             grads = jax.tree.map(
                 lambda g, w, w0, f: g + hparams.prox_mu * f * (w - w0),
@@ -542,31 +546,65 @@ def client_loss_and_error(
       (mean loss, mean error) as float32 scalars.
     """
     chunk = min(chunk_size, population.max_count)
-    offset = population.offsets[client_id]
-    count = population.counts[client_id]
-    last_start = population.num_examples - chunk
-    in_chunk = jnp.arange(chunk)
 
     def body(i, sums):
-        # The slice of chunk i starts at the client's row i * chunk, moved
-        # back where it would run past the population's end; `valid` keeps the
-        # rows of positions [i * chunk, min((i + 1) * chunk, count)).
-        start = jnp.minimum(offset + i * chunk, last_start)
-        position = start - offset + in_chunk
-        valid = (position >= i * chunk) & (position < count)
-        batch = {
-            name: jax.lax.dynamic_slice_in_dim(feature, start, chunk)
-            for name, feature in population.features.items()
-        }
+        batch, valid = _client_chunk(population, client_id, i, chunk)
         stats = task.example_stats(params, batch)
         return tuple(
             total + jnp.sum(jnp.where(valid, value, 0.0)) for total, value in zip(sums, stats, strict=True)
         )
 
-    num_chunks = (count + chunk - 1) // chunk
+    num_chunks = (population.counts[client_id] + chunk - 1) // chunk
     zero = jnp.zeros((), jnp.float32)
     sums = ExampleStats(*jax.lax.fori_loop(0, num_chunks, body, (zero,) * 4))
     return client_means(sums)
+
+
+def client_loss_gradient(
+    task: Task, params: Params, population: ClientPopulation, client_id: jax.Array, *, chunk_size: int = 128
+) -> Params:
+    """Grad F_i(w), the gradient of the client's mean loss over all its scored targets.
+
+    Summed chunk by chunk as `client_loss_and_error` (each chunk's gradient
+    taken inside the loop, whose trip count is the client's own), then
+    divided by the number of targets; a client without a target gets zeros.
+    """
+    chunk = min(chunk_size, population.max_count)
+
+    def body(i, carry):
+        total, weight = carry
+        batch, valid = _client_chunk(population, client_id, i, chunk)
+
+        def chunk_loss(p):
+            stats = task.example_stats(p, batch)
+            weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
+            return jnp.sum(jnp.where(valid, stats.loss, 0.0)), weight
+
+        gradient, chunk_weight = jax.grad(chunk_loss, has_aux=True)(params)
+        return jax.tree.map(jnp.add, total, gradient), weight + chunk_weight
+
+    num_chunks = (population.counts[client_id] + chunk - 1) // chunk
+    start = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+    total, weight = jax.lax.fori_loop(0, num_chunks, body, start)
+    return jax.tree.map(lambda g: g / jnp.maximum(weight, 1.0), total)
+
+
+def _client_chunk(population: ClientPopulation, client_id: jax.Array, i: jax.Array, chunk: int):
+    """(batch, `[chunk]` valid) of chunk i of a client's examples.
+
+    The slice of chunk i starts at the client's row i * chunk, moved back
+    where it would run past the population's end; `valid` keeps the rows of
+    positions [i * chunk, min((i + 1) * chunk, count)). A client's examples
+    are contiguous, so this is a slice (a copy XLA can fuse), not a gather.
+    """
+    offset = population.offsets[client_id]
+    count = population.counts[client_id]
+    start = jnp.minimum(offset + i * chunk, population.num_examples - chunk)
+    position = start - offset + jnp.arange(chunk)
+    valid = (position >= i * chunk) & (position < count)
+    features = population.features.items()
+    batch = {name: jax.lax.dynamic_slice_in_dim(feature, start, chunk) for name, feature in features}
+    return batch, valid
 
 
 def client_means(sums: ExampleStats) -> tuple[jax.Array, jax.Array]:

@@ -54,6 +54,7 @@ def test_the_issue_s_cli_names_are_registered():
         "ditto",
         "l2sgd",
         "apfl",
+        "perfedavg",
     } == set(algorithm_names())
 
 

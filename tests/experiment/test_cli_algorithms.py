@@ -67,7 +67,7 @@ FLAGS = [
 # several algorithms give each its own hyperparameters.
 GROUPS = [
     ["fedavg", "fedavg-sub", "deltafl", "ditto"],
-    ["fedsgd", "fedprox", "qffl", "l2sgd"],
+    ["fedsgd", "fedprox", "qffl", "l2sgd", "perfedavg"],
     ["afl", "afl-qffl", "term", "apfl"],
     ["dp-fedavg", "dp-deltafl"],
 ]

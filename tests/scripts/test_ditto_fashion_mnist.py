@@ -59,8 +59,8 @@ def test_full_plan_and_its_cli_words(script):
 def test_dynamic_lambda_plan_uses_the_thesis_candidates_per_setting(script):
     args = script.parse_args(["--dynamic-lam", "--tables", "5.1"])
     by_name = {(r.setting, r.name): r.words for r in script.plan(args)}
-    ordinary, strong = ("--lam", "1", "--ditto-dynamic-lam", "0.1,1,2"), ("--lam", "0.1", "--ditto-dynamic-lam",
-                                                                         "0.05,0.1,0.2")  # fmt: skip
+    ordinary = ("--lam", "1", "--ditto-dynamic-lam", "0.1,1,2")
+    strong = ("--lam", "0.1", "--ditto-dynamic-lam", "0.05,0.1,0.2")
     for setting, expected in (("clean", ordinary), ("a1-50", ordinary), ("a1-80", strong), ("a3-10", strong)):
         assert by_name[(setting, "ditto")][2:6] == expected, setting
     # Local models keep λ = 0, without dynamic λ; the table labels the row as the thesis does.

@@ -1,0 +1,134 @@
+"""Per-FedAvg (HF) (Fallah, Mokhtari and Ozdaglar 2020), a personalization baseline of thesis section 5.5.
+
+Personalized FedAvg trains the global model w for the MAML objective
+
+    min_w (1/N) sum_k F_k(w - alpha grad F_k(w)),
+
+so that one gradient step of size alpha on a client's own data gives a good
+personal model (`shared/notes/thesis-spec.md` section 5.5: "MAML-based,
+Hessian-free approximation; needs extra LR tuning"). Each local step of the
+Hessian-free variant (their Algorithm 1 with the update of their eq. (10))
+reads three disjoint minibatches D, D', D'' of the client:
+
+    w_tilde = w - alpha grad F(w; D)
+    g       = grad F(w_tilde; D')
+    h       = (grad F(w + delta g; D'') - grad F(w - delta g; D'')) / (2 delta)
+    w      <- (1 - beta l2) w - beta (g - alpha h),
+
+h being the finite-difference approximation of the Hessian-vector product
+grad^2 F(w; D'') g, beta the local learning rate (`--lr`). In jaxfl a local
+step's minibatch of B examples is dealt into D, D', D'' by position (0, 3,
+6, ... into D; 1, 4, ... into D'; 2, 5, ... into D''), so a step reads the
+examples a FedAvg step reads (choose B three times the per-batch size
+wanted); a part left empty by a short last batch contributes a zero
+gradient. The server averages the local models as FedAvg does (the round
+template: any aggregator, update attack and server optimizer apply).
+
+Personal models, computed once after training (like fine-tuning) from the
+final w: v_k = w - alpha grad F_k(w), one step of gradient descent on all of
+client k's training examples (the adaptation the objective trains for).
+
+Hyperparameters (traced, so sweeps vary them): 'perfedavg_alpha' (alpha)
+and 'perfedavg_delta' (delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.data.population import ClientPopulation
+from jaxfl.training.local import (
+    LocalHParams,
+    LocalStep,
+    LocalTraining,
+    Task,
+    client_loss_gradient,
+    minibatch_loss,
+)
+from jaxfl.training.strategies import ClientStrategy, map_clients
+from jaxfl.types import Params
+
+PERFEDAVG_HPARAM_DEFAULTS = {"perfedavg_alpha": 0.01, "perfedavg_delta": 1e-3}
+
+
+def hessian_free_step(task: Task, hparams: LocalHParams, alpha: jax.Array, delta: jax.Array) -> LocalStep:
+    """Per-FedAvg (HF)'s local step (module docstring), as a `local_sgd` step."""
+
+    def gradient(params, batch, part, key):
+        return jax.grad(minibatch_loss, argnums=1)(task, params, batch, part, key)
+
+    def step(params: Params, batch, valid, key):
+        position = jnp.arange(valid.shape[0])
+        inner, outer, curvature = (valid & (position % 3 == part) for part in range(3))
+        adapted = jax.tree.map(lambda w, g: w - alpha * g, params, gradient(params, batch, inner, key))
+        loss, meta_gradient = jax.value_and_grad(minibatch_loss, argnums=1)(task, adapted, batch, outer, key)
+        ahead = jax.tree.map(lambda w, g: w + delta * g, params, meta_gradient)
+        behind = jax.tree.map(lambda w, g: w - delta * g, params, meta_gradient)
+        hessian_times_gradient = jax.tree.map(
+            lambda plus, minus: (plus - minus) / (2.0 * delta),
+            gradient(ahead, batch, curvature, key),
+            gradient(behind, batch, curvature, key),
+        )
+        direction = jax.tree.map(lambda g, h: g - alpha * h, meta_gradient, hessian_times_gradient)
+        if hparams.l2 is not None:
+            params = jax.tree.map(lambda w: (1.0 - hparams.lr * hparams.l2) * w, params)
+        return jax.tree.map(lambda w, d: w - hparams.lr * d, params, direction), loss
+
+    return step
+
+
+def perfedavg(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    *,
+    strategy: ClientStrategy,
+    robustness: Robustness | None = None,
+    server_tx: optax.GradientTransformation | None = None,
+    client_weighting: str = "num_examples",
+) -> FederatedAlgorithm:
+    """Per-FedAvg (HF) (module docstring); its `personalize` makes the personal models."""
+
+    def local_step(hparams: LocalHParams, state_hparams: Mapping[str, jax.Array]) -> LocalStep:
+        return hessian_free_step(
+            task, hparams, state_hparams["perfedavg_alpha"], state_hparams["perfedavg_delta"]
+        )
+
+    algorithm = weighted_averaging_algorithm(
+        "perfedavg",
+        task,
+        local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting=client_weighting,
+        extra_hparam_defaults=PERFEDAVG_HPARAM_DEFAULTS,
+        robustness=robustness,
+        local_step=local_step,
+    )
+
+    def personalize(state: ServerState, population: ClientPopulation) -> Params:
+        return adapted_models(task, strategy, state.params, population, state.hparams["perfedavg_alpha"])
+
+    return algorithm._replace(personalize=personalize)
+
+
+def adapted_models(
+    task: Task, strategy: ClientStrategy, params: Params, population: ClientPopulation, alpha: jax.Array
+) -> Params:
+    """v_k = w - alpha grad F_k(w) for every client k of `population` (leaves `[N, ...]`)."""
+    num_clients = population.num_clients
+
+    def client_fn(shared, client):
+        params, population, alpha = shared
+        gradient = client_loss_gradient(task, params, population, client["id"])
+        return jax.tree.map(lambda w, g: w - alpha * g, params, gradient)
+
+    per_client = {"id": jnp.arange(num_clients, dtype=jnp.int32), "active": jnp.ones(num_clients, bool)}
+    return map_clients(client_fn, (params, population, alpha), per_client, strategy)
