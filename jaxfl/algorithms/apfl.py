@@ -39,24 +39,26 @@ is not implemented.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    ServerState,
+    init_with_client_models,
+    local_learning_rate,
+)
 from jaxfl.algorithms.fedavg import straggler_plan
 from jaxfl.algorithms.round_template import Cohort
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
-    client_rows,
-    initial_client_models,
     round_keys,
     select_cohort,
-    store_client_rows,
+    train_client_rows,
 )
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss
-from jaxfl.training.strategies import ClientStrategy, map_clients
+from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params
 
 APFL_HPARAM_DEFAULTS = {"apfl_alpha": 0.5}
@@ -102,21 +104,10 @@ def apfl(
     """
     if num_clients < 1:
         raise ValueError(f"apfl needs num_clients >= 1, got {num_clients}")
-    if "apfl_alpha" in global_algorithm.hparam_defaults:
-        raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'apfl_alpha'")
+    alpha = APFL_HPARAM_DEFAULTS["apfl_alpha"]
+    init = init_with_client_models(global_algorithm, "apfl_alpha", alpha, num_clients, strategy)
     defaults = {**global_algorithm.hparam_defaults, **APFL_HPARAM_DEFAULTS}
     dropped = straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
-
-    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        hparams = dict(hparams or {})
-        alpha = hparams.pop("apfl_alpha", APFL_HPARAM_DEFAULTS["apfl_alpha"])
-        state = global_algorithm.init(params, hparams)
-        local_models = initial_client_models(params, num_clients, strategy)
-        return dataclasses.replace(
-            state,
-            hparams={**state.hparams, "apfl_alpha": jnp.asarray(alpha, jnp.float32)},
-            clients=local_models,
-        )
 
     def client_fn(shared, client):
         server_params, population, hparams, alpha = shared
@@ -140,7 +131,7 @@ def apfl(
             active=client["active"],
             objective=joint_objective,
         )
-        return {"local": result.params["local"], "loss": result.mean_batch_loss}
+        return {"params": result.params["local"], "loss": result.mean_batch_loss}
 
     def round_fn(
         state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
@@ -153,16 +144,10 @@ def apfl(
             # FedAvg's plan, with the key the round template gives it: the same stragglers.
             plan_key = jax.random.split(keys.server)[0]
             active = dropped(Cohort(cohort.client_ids, alpha=active), state, plan_key).active
-        per_client = {
-            "id": cohort.slots,
-            "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(keys.clients, cohort.client_ids),
-            "start": client_rows(state.clients, cohort.client_ids),
-            "active": active,
-        }
         shared = (state.params, cohort.population, hparams, state.hparams["apfl_alpha"])
-        cost = local.num_steps(cohort.population.counts[cohort.slots])
-        trained = map_clients(client_fn, shared, per_client, strategy, cost=cost)
-        local_models = store_client_rows(state.clients, cohort.client_ids, trained["local"])
+        local_models, trained = train_client_rows(
+            client_fn, shared, state.clients, cohort, keys.clients, local, strategy, active=active
+        )
         new_state, metrics = global_algorithm.round(state, population, key)
         metrics = {**metrics, "personal_train_loss": jnp.mean(trained["loss"])}
         return dataclasses.replace(new_state, clients=local_models), metrics

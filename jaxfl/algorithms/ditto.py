@@ -46,20 +46,22 @@ passes over the client's validation examples.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    ServerState,
+    init_with_client_models,
+    local_learning_rate,
+)
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
-    client_rows,
-    initial_client_models,
     round_keys,
     select_cohort,
-    store_client_rows,
+    train_client_rows,
     update_personal_models,
 )
 from jaxfl.training.local import (
@@ -71,7 +73,7 @@ from jaxfl.training.local import (
     local_sgd,
     minibatch_loss,
 )
-from jaxfl.training.strategies import ClientStrategy, map_clients
+from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params
 
 DITTO_HPARAM_DEFAULTS = {"lam": 1.0}
@@ -175,20 +177,9 @@ def ditto(
             "dynamic lambda chooses on each client's own validation examples: it needs a validation "
             f"population of the {num_clients} training clients (validation client k = training client k)"
         )
-    if "lam" in global_algorithm.hparam_defaults:
-        raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'lam'")
+    lam = DITTO_HPARAM_DEFAULTS["lam"]
+    init = init_with_client_models(global_algorithm, "lam", lam, num_clients, strategy)
     defaults = {**global_algorithm.hparam_defaults, **DITTO_HPARAM_DEFAULTS}
-
-    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        hparams = dict(hparams or {})
-        lam = hparams.pop("lam", DITTO_HPARAM_DEFAULTS["lam"])
-        state = global_algorithm.init(params, hparams)
-        personal = initial_client_models(params, num_clients, strategy)
-        return dataclasses.replace(
-            state,
-            hparams={**state.hparams, "lam": jnp.asarray(lam, jnp.float32)},
-            clients=personal,
-        )
 
     def round_fn(
         state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
@@ -221,16 +212,11 @@ def ditto(
             )
             return {"params": result.params, "loss": result.mean_batch_loss}
 
-        per_client = {
-            "id": cohort.slots,
-            "validation_id": cohort.client_ids,
-            "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, cohort.client_ids),
-            "active": jnp.ones(clients_per_round, bool),
-            "start": client_rows(state.clients, cohort.client_ids),
-        }
         shared = (state.params, cohort.population, validation, hparams)
-        cost = local.num_steps(cohort.population.counts[cohort.slots])
-        trained = map_clients(client_fn, shared, per_client, strategy, cost=cost)
-        return store_client_rows(state.clients, cohort.client_ids, trained["params"]), trained["loss"]
+        clients, trained = train_client_rows(
+            client_fn, shared, state.clients, cohort, clients_key, local, strategy,
+            extra={"validation_id": cohort.client_ids},
+        )
+        return clients, trained["loss"]
 
     return FederatedAlgorithm(name=name, init=init, round=round_fn, hparam_defaults=defaults)

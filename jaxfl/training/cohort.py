@@ -114,13 +114,8 @@ def train_cohort(
     Returns:
       The per-client results.
     """
-    num_clients = client_ids.shape[0]
     slots = client_ids if slots is None else slots
-    per_client = {
-        "id": slots,
-        "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
-        "active": jnp.ones(num_clients, bool) if active is None else active,
-    }
+    per_client = client_inputs(client_ids, clients_key, slots=slots, active=active)
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
     fusable = local_step is None and _kernel_takes(hparams)
@@ -266,14 +261,8 @@ def train_personal_models(
     Returns:
       The trained personal models and their step counts and losses.
     """
-    num_clients = client_ids.shape[0]
     slots = client_ids if slots is None else slots
-    per_client = {
-        "id": slots,
-        "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
-        "active": jnp.ones(num_clients, bool),
-        "start": personal,
-    }
+    per_client = {**client_inputs(client_ids, clients_key, slots=slots), "start": personal}
     if prox_weights is not None:
         per_client["prox_weights"] = prox_weights
     fusable = prox_weights is None and _kernel_takes(hparams)
@@ -340,6 +329,57 @@ def update_personal_models(
         slots=cohort.slots,
     )
     return store_client_rows(personal_models, cohort.client_ids, trained.params), trained
+
+
+def client_inputs(
+    client_ids: jax.Array,
+    clients_key: Key,
+    *,
+    slots: jax.Array | None = None,
+    active: jax.Array | None = None,
+) -> dict[str, jax.Array]:
+    """A cohort's per-client inputs of `map_clients`: 'id' (its slot in the population: `slots`,
+    default `client_ids`), 'key' (`fold_in(clients_key, client id)`) and 'active' (default all).
+    """
+    return {
+        "id": client_ids if slots is None else slots,
+        "key": jax.vmap(jax.random.fold_in, in_axes=(None, 0))(clients_key, client_ids),
+        "active": jnp.ones(client_ids.shape[0], bool) if active is None else active,
+    }
+
+
+def train_client_rows(
+    client_fn: Callable,
+    shared,
+    per_client_state: Params,
+    cohort: CohortData,
+    clients_key: Key,
+    local: LocalTraining,
+    strategy: ClientStrategy,
+    *,
+    active: jax.Array | None = None,
+    extra: dict[str, jax.Array] | None = None,
+) -> tuple[Params, dict[str, jax.Array]]:
+    """Runs `client_fn(shared, client)` for the cohort on its rows of per-client state, and stores them back.
+
+    `client` holds `client_inputs`, `extra` and 'start', the client's row
+    of `per_client_state` (leaves `[R, ...]`); `client_fn` returns a dict
+    whose 'params' is the client's new row. Gathered and scattered inside
+    the compiled round (the stateful clients of Ditto's dynamic lambda and
+    APFL).
+
+    Returns:
+      (the per-client state with the cohort's rows replaced, the other outputs, leading axis M).
+    """
+    per_client = {
+        **client_inputs(cohort.client_ids, clients_key, slots=cohort.slots, active=active),
+        **(extra or {}),
+        "start": client_rows(per_client_state, cohort.client_ids),
+    }
+    cost = local.num_steps(cohort.population.counts[cohort.slots])
+    out = map_clients(client_fn, shared, per_client, strategy, cost=cost)
+    rows = out.pop("params")
+    return store_client_rows(per_client_state, cohort.client_ids, rows), out
 
 
 def initial_client_models(params: Params, num_clients: int, strategy: ClientStrategy) -> Params:
