@@ -149,7 +149,9 @@ def apfl(
             client_fn, shared, state.clients, cohort, keys.clients, local, strategy, active=active
         )
         new_state, metrics = global_algorithm.round(state, population, key)
-        metrics = {**metrics, "personal_train_loss": jnp.mean(trained["loss"])}
+        # Over the clients that stepped (dropped stragglers report no loss).
+        personal_loss = jnp.sum(jnp.where(active, trained["loss"], 0.0)) / jnp.maximum(jnp.sum(active), 1)
+        metrics = {**metrics, "personal_train_loss": personal_loss}
         return dataclasses.replace(new_state, clients=local_models), metrics
 
     def personal_models(state: ServerState) -> Params:

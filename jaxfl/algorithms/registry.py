@@ -366,10 +366,18 @@ SPECS["apfl"] = AlgorithmSpec(
     options={"stragglers": 0.0},
 )
 
+def _build_perfedavg(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    del options  # None.
+    if engine.local.batch_size < 3:
+        raise ValueError(
+            f"perfedavg deals each minibatch into three parts (D, D', D''): batch_size must be >= 3, "
+            f"got {engine.local.batch_size}"
+        )
+    return perfedavg(engine.task, engine.local, engine.clients_per_round, **_shared(engine))
+
+
 SPECS["perfedavg"] = AlgorithmSpec(
-    lambda engine, options: perfedavg(
-        engine.task, engine.local, engine.clients_per_round, **_shared(engine)
-    ),
+    _build_perfedavg,
     "Per-FedAvg (HF) (Fallah et al. 2020; thesis 5.5): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
     hparams=("perfedavg_alpha", "perfedavg_delta"),

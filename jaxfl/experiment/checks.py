@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import numpy as np
@@ -151,7 +152,7 @@ def choose_client_state(
 
     'split' and 'replicated' as named; 'auto' replicates unless the
     replicated personal models would take over `SPLIT_CLIENT_STATE_SHARE` of
-    the memory available: splitting costs an all-reduce of the cohort's
+    the memory (`total_memory`, or `available`): splitting costs an all-reduce of the cohort's
     models a round (Ditto on the main job, 2 CPU devices: 5% fewer rounds/s,
     benchmarks/RESULTS.md) and saves memory only where it is short.
     """
@@ -163,8 +164,23 @@ def choose_client_state(
         for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS
     )
     if available is None:
-        available, _ = round_memory_available()
+        available = total_memory()
     return dataclasses.replace(strategy, split_client_state=personal > SPLIT_CLIENT_STATE_SHARE * available)
+
+
+def total_memory() -> int:
+    """The memory `round_memory_available` draws from, in total rather than free: the host's on
+    CPU, the device's limit elsewhere. `--client-state auto` decides on it, so that a run and
+    its resumption (whose checkpoint holds the same rows) decide alike on one machine.
+    """
+    if jax.default_backend() != "cpu":
+        try:
+            limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+            if limit:
+                return int(limit)
+        except Exception:  # noqa: BLE001 - a backend without memory statistics.
+            pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_round_fits(

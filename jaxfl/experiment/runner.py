@@ -187,6 +187,9 @@ _SERVER_OPTIMIZER_SETTINGS = {
 }
 
 
+_FINETUNE_SETTINGS = ("finetune_epochs", "finetune_ewc", "finetune_skl")
+
+
 def ignored_settings(
     config: RunConfig, algorithms: dict[str, FederatedAlgorithm]
 ) -> tuple[str, ...]:
@@ -207,7 +210,13 @@ def ignored_settings(
         if spec.privacy is not None:
             used.update(spec.privacy.settings)
     used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if config.server_optimizer in users)
-    settings = sorted({*settings, *_SERVER_OPTIMIZER_SETTINGS})
+    # Fine-tuning serves the algorithms without personal models of their own; the
+    # client-state layout, those with per-client state.
+    if any(n not in PERSONAL_MODEL_ALGORITHMS and a.personalize is None for n, a in algorithms.items()):
+        used.update(_FINETUNE_SETTINGS)
+    if any(name in PERSONAL_MODEL_ALGORITHMS for name in algorithms):
+        used.add("client_state")
+    settings = sorted({*settings, *_SERVER_OPTIMIZER_SETTINGS, *_FINETUNE_SETTINGS, "client_state"})
     return tuple(
         field
         for field in settings
@@ -520,14 +529,18 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
 _finetune = jax.jit(finetune_models, static_argnums=(0, 1, 2))
 
 
-def personalized_models(run_setup: Setup, algorithm: FederatedAlgorithm, state: ServerState) -> Any:
+def personalized_models(
+    run_setup: Setup, algorithm: FederatedAlgorithm, state: ServerState, *, batched: bool = False
+) -> Any:
     """An algorithm's personal models made after training (`FederatedAlgorithm.personalize`:
     Per-FedAvg's adaptation step), from the final state and the training clients' examples
     (copied to the device if they are host-resident); evaluated as personal models.
+    `batched`: the state carries a leading sweep axis, and so do the models.
     """
     train = run_setup.dataset.train
     population = train.to_device() if isinstance(train, HostPopulation) else train
-    return jax.jit(algorithm.personalize)(state, run_setup.engine.strategy.replicate(population))
+    personalize = jax.vmap(algorithm.personalize, in_axes=(0, None)) if batched else algorithm.personalize
+    return jax.jit(personalize)(state, run_setup.engine.strategy.replicate(population))
 
 
 def personal_evaluation_group(strategy: ClientStrategy) -> int:

@@ -42,6 +42,7 @@ from jaxfl.experiment.runner import (
     compile_rounds,
     make_evaluator,
     personal_evaluation_group,
+    personalized_models,
     place_carry,
     privacy_spent,
     restore_carry,
@@ -217,10 +218,9 @@ def run_sweep(
     summaries: list[dict[str, Any]] = [{} for _ in points]
     clients: list[dict[str, Any]] = [{} for _ in points]
 
-    def on_evaluate(round_index, states, metrics):
-        batch_summaries, batch_clients = evaluate(states.params, jax.vmap(algorithm.personal_models)(states))
-        round_metrics = jax.device_get(metrics)
-        for g, point in enumerate(points):
+    def evaluate_points(params, personal):
+        batch_summaries, batch_clients = evaluate(params, personal)
+        for g in range(len(points)):
             summaries[g] = {
                 group: {k: float(v[g]) for k, v in stats.items()}
                 for group, stats in batch_summaries.items()
@@ -231,6 +231,11 @@ def run_sweep(
                 }
                 for population, values in batch_clients.items()
             }
+
+    def on_evaluate(round_index, states, metrics):
+        evaluate_points(states.params, jax.vmap(algorithm.personal_models)(states))
+        round_metrics = jax.device_get(metrics)
+        for g, point in enumerate(points):
             record = {
                 "algorithm": name,
                 "point": g,
@@ -258,6 +263,9 @@ def run_sweep(
     )
     states, health = carry
     health = host_health(health)
+    if algorithm.personalize is not None:
+        # Per-FedAvg's personal models, made after training as in a single run (`personalized_models`).
+        evaluate_points(states.params, personalized_models(run_setup, algorithm, states, batched=True))
     timing_record = {
         **timing.as_dict(),
         # Throughput of the whole sweep, in rounds of all points per second.

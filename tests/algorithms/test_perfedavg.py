@@ -13,6 +13,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from algorithms.reference_rounds import (
     LOCAL,
     POPULATION,
@@ -119,3 +120,13 @@ def test_perfedavg_from_the_cli_reports_the_adapted_models(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     # One step on its own data lowers each client's training loss on average.
     assert summary["personal_train_loss"]["mean"] < summary["train_loss"]["mean"]
+    # A sweep's point makes its personal models too, as the single run does.
+    sweep = tmp_path / "sweep"
+    sweep_argv = ["sweep", *argv[1:-2], "--grid", "perfedavg_alpha=0.5,0.1", "--out", str(sweep)]
+    assert main(sweep_argv) == 0
+    capsys.readouterr()
+    point = json.loads((sweep / "points" / "000" / "summary.json").read_text())
+    assert point["hparams"]["perfedavg_alpha"] == 0.5
+    assert point["personal_train_loss"]["mean"] == pytest.approx(
+        summary["personal_train_loss"]["mean"], rel=1e-5
+    )

@@ -146,6 +146,15 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
     err = capsys.readouterr().err
     assert run_setup.ignored_settings == ("reweighting", "theta")
     assert "jaxfl: warning: theta is not used by fedavg; ignored" in err
+    # The client-state layout serves per-client state; fine-tuning, algorithms without personal models.
+    base = dict(clients_per_round=5, dataset_options=config.dataset_options)
+
+    def ignored(**settings):
+        return setup(make_config({**base, **settings})).ignored_settings
+
+    assert ignored(algorithm="fedavg", client_state="split") == ("client_state",)
+    assert ignored(algorithm="apfl", finetune_epochs=2) == ("finetune_epochs",)
+    assert ignored(algorithm="fedavg,apfl", finetune_epochs=2) == ()
 
 
 @pytest.mark.parametrize(
@@ -164,6 +173,7 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
             ["reweighting", "exact"],
         ),
         (["--algorithm", "deltafl", "--dp-bins", "48"], ["dp_bins", "power of two"]),
+        (["--algorithm", "perfedavg", "--batch-size", "2"], ["perfedavg", "batch_size must be >= 3"]),
         (["--theta", "0"], ["theta", "(0.0, 1.0]"]),
         (["--theta", "1.5"], ["theta", "(0.0, 1.0]"]),
         (["--stragglers", "1"], ["stragglers", "[0.0, 1.0)"]),
