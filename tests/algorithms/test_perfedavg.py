@@ -108,25 +108,20 @@ def test_personal_models_are_one_adaptation_step_on_all_the_clients_data():
         np.testing.assert_allclose(adapted["dense"]["bias"][k], bias - ALPHA * gb, rtol=1e-5, atol=1e-6)
 
 
-def test_perfedavg_from_the_cli_reports_the_adapted_models(tmp_path, capsys):
-    out = tmp_path / "run"
+def test_perfedavg_sweep_points_make_their_adapted_models(tmp_path, capsys):
+    """A sweep's points make their adapted models (a single run's: tests/experiment/test_cli_algorithms.py)."""
+    sweep = tmp_path / "sweep"
     argv = [
-        "run", *TINY_LABEL_SHIFT, "--rounds", "2", "--clients-per-round", "8", "--eval-every", "2",
-        "--no-progress", "--algorithm", "perfedavg", "--perfedavg-alpha", "0.5", "--client-split", "0.25",
-        "--batch-size", "30", "--out", str(out),
+        "sweep", *TINY_LABEL_SHIFT, "--rounds", "2", "--clients-per-round", "8", "--eval-every", "2",
+        "--no-progress", "--algorithm", "perfedavg", "--client-split", "0.25", "--batch-size", "30",
+        "--grid", "perfedavg_alpha=0.5,1e-9", "--out", str(sweep),
     ]  # fmt: skip
     assert main(argv) == 0
-    assert "perfedavg (personal)" in capsys.readouterr().out
-    summary = json.loads((out / "summary.json").read_text())
-    # One step on its own data lowers each client's training loss on average.
-    assert summary["personal_train_loss"]["mean"] < summary["train_loss"]["mean"]
-    # A sweep's point makes its personal models too, as the single run does.
-    sweep = tmp_path / "sweep"
-    sweep_argv = ["sweep", *argv[1:-2], "--grid", "perfedavg_alpha=0.5,0.1", "--out", str(sweep)]
-    assert main(sweep_argv) == 0
     capsys.readouterr()
-    point = json.loads((sweep / "points" / "000" / "summary.json").read_text())
-    assert point["hparams"]["perfedavg_alpha"] == 0.5
-    assert point["personal_train_loss"]["mean"] == pytest.approx(
-        summary["personal_train_loss"]["mean"], rel=1e-5
+    points = [json.loads((sweep / "points" / f"00{g}" / "summary.json").read_text()) for g in (0, 1)]
+    adapted, unadapted = sorted(points, key=lambda p: -p["hparams"]["perfedavg_alpha"])
+    # One step on its own data lowers each client's training loss on average; alpha = 0 is the global model.
+    assert adapted["personal_train_loss"]["mean"] < adapted["train_loss"]["mean"]
+    assert unadapted["personal_train_loss"]["mean"] == pytest.approx(
+        unadapted["train_loss"]["mean"], rel=1e-6
     )

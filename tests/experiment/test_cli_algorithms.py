@@ -89,6 +89,9 @@ def test_every_algorithm_runs_from_the_cli(names, tmp_path, capsys):
         assert f"\n{name} " in captured.out
         summary = json.loads((out / name / "summary.json").read_text())
         assert 0.0 <= summary["test_error"]["mean"] <= 1.0
+        if name in ("ditto", "l2sgd", "apfl", "perfedavg"):
+            # Personal models, evaluated beside the global one.
+            assert f"\n{name} (personal" in captured.out and "personal_train_loss" in summary
         config = json.loads((out / name / "config.json").read_text())
         assert config["algorithm"] == name and config["theta"] == 0.4
     metrics = {
