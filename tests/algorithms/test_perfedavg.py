@@ -109,7 +109,7 @@ def test_personal_models_are_one_adaptation_step_on_all_the_clients_data():
 
 
 def test_perfedavg_sweep_points_make_their_adapted_models(tmp_path, capsys):
-    """A sweep's points make their adapted models (a single run's: tests/experiment/test_cli_algorithms.py)."""
+    """A sweep's points make their adapted models (a single run's: test_cli_algorithms.py)."""
     sweep = tmp_path / "sweep"
     argv = [
         "sweep", *TINY_LABEL_SHIFT, "--rounds", "2", "--clients-per-round", "8", "--eval-every", "2",
