@@ -9,6 +9,7 @@ the w updates). The personal model is alpha v_k + (1 - alpha) w.
 """
 
 import csv
+import dataclasses
 import functools
 
 import jax
@@ -142,22 +143,22 @@ def test_stragglers_dropped_by_fedavg_keep_their_local_models():
     assert moved == [i in set(ids[~straggling]) for i in range(N)]
 
 
-def test_apfl_alpha_sweep_from_the_cli(tmp_path, capsys):
-    """alpha = 0 makes every personal model the global one; alpha = 1 a local model."""
-    out = tmp_path / "sweep"
-    argv = [
-        "sweep", *TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3",
-        "--no-progress", "--algorithm", "apfl", "--client-split", "0.25", "--grid", "apfl_alpha=0,1",
-        "--out", str(out),
-    ]  # fmt: skip
-    assert main(argv) == 0
-    capsys.readouterr()
-    with (out / "results.csv").open() as f:
-        rows = {float(r["apfl_alpha"]): r for r in csv.DictReader(f) if r["point"] != "-"}
-    assert rows[0.0]["personal_test_error_mean"] == rows[0.0]["test_error_mean"]
-    assert rows[1.0]["personal_test_error_mean"] != rows[1.0]["test_error_mean"]
-    # The global model does not depend on alpha.
-    assert rows[0.0]["test_error_mean"] == rows[1.0]["test_error_mean"]
+def test_personal_models_of_a_stacked_sweep_state():
+    """As a sweep evaluates them (`jax.vmap(algorithm.personal_models)` over the points): alpha = 0 gives the
+    global model, alpha = 1 the local models."""
+    algorithm = build()
+    state, _ = run_rounds(algorithm, algorithm.init(initial_params(), {"lr": LR, "apfl_alpha": 0.5}), 2, KEY)
+    points = [
+        dataclasses.replace(state, hparams={**state.hparams, "apfl_alpha": jnp.float32(alpha)})
+        for alpha in (0, 1)
+    ]
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *points)
+    personal = jax.vmap(algorithm.personal_models)(stacked)
+    for mixed, local_rows, global_leaf in zip(
+        jax.tree.leaves(personal), jax.tree.leaves(state.clients), jax.tree.leaves(state.params), strict=True
+    ):
+        np.testing.assert_array_equal(mixed[0], np.broadcast_to(global_leaf, local_rows.shape))
+        np.testing.assert_array_equal(mixed[1], local_rows)
 
 
 def test_apfl_run_reports_and_saves_the_mixtures(tmp_path, capsys):

