@@ -48,6 +48,7 @@ VARIANTS = {
     "ditto+geometric-median": ["--algorithm", "ditto", "--aggregator", "geometric-median"],
     "apfl": ["--algorithm", "apfl"],
     "l2sgd": ["--algorithm", "l2sgd"],
+    "perfedavg": ["--algorithm", "perfedavg"],
     # Needs validation client k = training client k (main-split, fmnist).
     "ditto-dynamic-lam": ["--algorithm", "ditto", "--ditto-dynamic-lam", "0.1,1,2"],
 }

@@ -50,6 +50,7 @@ from jaxfl.training.local import (
     Task,
     client_loss_gradient,
     minibatch_loss,
+    sgd_update,
 )
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Params
@@ -76,9 +77,7 @@ def hessian_free_step(task: Task, hparams: LocalHParams, alpha: jax.Array, delta
             gradient(behind, batch, curvature, key),
         )
         direction = jax.tree.map(lambda g, h: g - alpha * h, meta_gradient, hessian_times_gradient)
-        if hparams.l2 is not None:
-            params = jax.tree.map(lambda w: (1.0 - hparams.lr * hparams.l2) * w, params)
-        return jax.tree.map(lambda w, d: w - hparams.lr * d, params, direction), loss
+        return sgd_update(params, direction, hparams), loss
 
     return step
 

@@ -296,10 +296,7 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset, s
             "ditto_dynamic_lam chooses on each client's own validation examples: give --client-split and "
             "--client-validation-split (or a dataset whose validation clients are its training clients)"
         )
-    validation = dataset.validation
-    if isinstance(validation, HostPopulation):
-        validation = validation.to_device()
-    return strategy.replicate(validation)
+    return strategy.replicate(place_population(dataset.validation, "device"))
 
 
 @held_warnings()
@@ -515,8 +512,7 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
     """
     config, engine = run_setup.config, run_setup.engine
     local = dataclasses.replace(engine.local, num_epochs=config.finetune_epochs, max_steps=None)
-    train = run_setup.dataset.train
-    population = train.to_device() if isinstance(train, HostPopulation) else train
+    population = place_population(run_setup.dataset.train, "device")
     lr = local_learning_rate(state.hparams, state.round)
     ewc_lam = None if config.finetune_ewc is None else jnp.float32(config.finetune_ewc)
     skl_lam = None if config.finetune_skl is None else jnp.float32(config.finetune_skl)
@@ -537,8 +533,7 @@ def personalized_models(
     (copied to the device if they are host-resident); evaluated as personal models.
     `batched`: the state carries a leading sweep axis, and so do the models.
     """
-    train = run_setup.dataset.train
-    population = train.to_device() if isinstance(train, HostPopulation) else train
+    population = place_population(run_setup.dataset.train, "device")
     personalize = jax.vmap(algorithm.personalize, in_axes=(0, None)) if batched else algorithm.personalize
     return jax.jit(personalize)(state, run_setup.engine.strategy.replicate(population))
 

@@ -444,7 +444,6 @@ def finetune_models(
         raise ValueError("fine-tune with one penalty: EWC's or the symmetrized KL, not both")
     hparams, fisher = LocalHParams(lr=lr, kl_mu=skl_lam), None
     if ewc_lam is not None:
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, client_ids)
 
         def client_fisher(shared, client):
             params, population = shared
@@ -452,8 +451,7 @@ def finetune_models(
             rows = minibatch_rows(population, client["id"], client["key"], steps, local)[0]
             return diagonal_fisher(task, params, population, rows)
 
-        per_client = {"id": client_ids, "key": keys, "active": jnp.ones(num_clients, bool)}
-        fisher = map_clients(client_fisher, (params, population), per_client, strategy)
+        fisher = map_clients(client_fisher, (params, population), client_inputs(client_ids, key), strategy)
         hparams = LocalHParams(lr=lr, prox_mu=ewc_lam)
     return train_personal_models(
         task, local, strategy, params, start, population, client_ids, key, hparams, prox_weights=fisher

@@ -84,12 +84,15 @@ class Task(NamedTuple):
     pad_id: int = 0
     top_k: int = 5
 
+    def logits(self, params: Params, x: jax.Array, key: Key | None = None) -> jax.Array:
+        """The model's outputs; `key` drives dropout and augmentation (training)."""
+        if self.model.stochastic:
+            return self.model.apply(params, x, key=key)
+        return self.model.apply(params, x)
+
     def example_stats(self, params: Params, batch, key: Key | None = None) -> ExampleStats:
         """Per-example loss and error sums; `key` drives dropout and augmentation (training)."""
-        if self.model.stochastic:
-            logits = self.model.apply(params, batch["x"], key=key)
-        else:
-            logits = self.model.apply(params, batch["x"])
+        logits = self.logits(params, batch["x"], key)
         return target_stats(logits, batch["y"], self.excluded_target_ids, self.pad_id, self.top_k)
 
 
@@ -377,12 +380,8 @@ def mean_symmetrized_kl(
     the real tokens (y != pad_id) of sequences; multi-label outputs are T
     independent Bernoulli distributions, averaged over T.
     """
-    model = task.model
-    apply = (lambda p: model.apply(p, batch["x"], key=key)) if model.stochastic else (
-        lambda p: model.apply(p, batch["x"])
-    )
-    logits = apply(params)
-    reference = jax.lax.stop_gradient(apply(anchor))
+    logits = task.logits(params, batch["x"], key)
+    reference = jax.lax.stop_gradient(task.logits(anchor, batch["x"], key))
     targets = batch["y"]
     multi_label = targets.ndim == 2 and logits.ndim == 2
     if multi_label:
@@ -395,6 +394,13 @@ def mean_symmetrized_kl(
     else:
         weight = valid.astype(jnp.float32)
     return jnp.sum(divergence * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
+def sgd_update(params: Params, direction: Params, hparams: LocalHParams) -> Params:
+    """The SGD step of the module docstring: (1 - lr l2) w - lr direction (no l2 where it is None)."""
+    if hparams.l2 is not None:
+        params = jax.tree.map(lambda w: (1.0 - hparams.lr * hparams.l2) * w, params)
+    return jax.tree.map(lambda w, d: w - hparams.lr * d, params, direction)
 
 
 # objective(params, batch, valid, step_key) -> (value to minimize, loss to report).
@@ -487,10 +493,7 @@ def local_sgd(
             grads = jax.tree.map(
                 lambda g, w, w0: g + hparams.prox_mu * (w - w0), grads, params, anchor
             )
-        if hparams.l2 is not None:
-            params = jax.tree.map(lambda w: (1.0 - hparams.lr * hparams.l2) * w, params)
-        params = jax.tree.map(lambda w, g: w - hparams.lr * g, params, grads)
-        return params, loss
+        return sgd_update(params, grads, hparams), loss
 
     def skip_step(step, params):
         del step  # Unused.
@@ -577,8 +580,8 @@ def client_loss_gradient(
 
         def chunk_loss(p):
             stats = task.example_stats(p, batch)
-            weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
-            return jnp.sum(jnp.where(valid, stats.loss, 0.0)), weight
+            targets = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
+            return jnp.sum(jnp.where(valid, stats.loss, 0.0)), targets
 
         gradient, chunk_weight = jax.grad(chunk_loss, has_aux=True)(params)
         return jax.tree.map(jnp.add, total, gradient), weight + chunk_weight
