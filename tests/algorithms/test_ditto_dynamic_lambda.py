@@ -177,7 +177,9 @@ def test_dynamic_lambda_from_the_cli(tmp_path, capsys):
     assert main(argv) == 0
     assert "ditto (personal)" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["residency"] == "host" and summary["personal_test_error"]["mean"] >= 0.0
+    assert summary["residency"] == "host"
+    # The personal models trained: they are not the global model.
+    assert summary["personal_test_error"]["mean"] != summary["test_error"]["mean"]
     with (out / "clients.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r["population"] == "test"]
     assert len(rows) == 40
