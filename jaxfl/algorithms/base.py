@@ -57,6 +57,14 @@ class ServerState:
     aggregator: PyTree = ()
 
 
+def own_models(state: ServerState) -> PyTree:
+    """The per-client state as the clients' own models (Ditto's, L2SGD's).
+
+    `FederatedAlgorithm.personal_models`' default.
+    """
+    return state.clients
+
+
 class FederatedAlgorithm(NamedTuple):
     """A federated algorithm as pure functions (see the module docstring).
 
@@ -79,7 +87,7 @@ class FederatedAlgorithm(NamedTuple):
     init: Callable[[Params, Mapping[str, float]], ServerState]
     round: Callable[[ServerState, ClientPopulation, Key], tuple[ServerState, Metrics]]
     hparam_defaults: Mapping[str, float]
-    personal_models: Callable[[ServerState], PyTree] = lambda state: state.clients
+    personal_models: Callable[[ServerState], PyTree] = own_models
     personalize: Callable[[ServerState, ClientPopulation], PyTree] | None = None
 
 

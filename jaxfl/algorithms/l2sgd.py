@@ -42,6 +42,7 @@ from jaxfl.algorithms.base import (
 )
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
 from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.client_state import GatheredClientRows
 from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, update_personal_models
 from jaxfl.training.local import LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -91,6 +92,8 @@ def l2sgd(
     def round_fn(
         state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
     ) -> tuple[ServerState, Metrics]:
+        if isinstance(state.clients, GatheredClientRows):
+            raise ValueError("l2sgd averages all N personal models: they cannot be host-resident")
         keys = round_keys(key, state.round)
         cohort = select_cohort(keys.sampling, population, clients_per_round)
         hparams = LocalHParams(

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxfl.data.host import HostPopulation, client_blocks
 from jaxfl.data.population import ClientPopulation
+from jaxfl.training.client_state import HostPersonalModels, client_id_blocks
 from jaxfl.training.local import ExampleStats, Task, client_loss_and_error, client_means
 from jaxfl.types import Params
 
@@ -160,3 +161,45 @@ def host_population_metrics(
         errors[start:stop] = metrics.error[: stop - start]
         targets[start:stop] = metrics.targets[: stop - start]
     return ClientMetrics(loss=losses, error=errors, targets=targets)
+
+
+_personal_block_jit = jax.jit(
+    lambda task, personal, block, group: personal_client_metrics(task, personal, block, group=group),
+    static_argnums=(0, 3),
+)
+
+
+def host_personal_metrics(
+    task: Task,
+    personal: HostPersonalModels,
+    population: HostPopulation,
+    *,
+    group: int = 16,
+    block_clients: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`personal_client_metrics` of host-resident personal models, in blocks of clients.
+
+    Each block of `block_clients` consecutive clients (the last one starting
+    early: one shape, one compilation) has its models made on the device
+    (`HostPersonalModels.block`) and its examples gathered from the host
+    population, so device memory is one block of models and examples,
+    whatever N.
+
+    Returns:
+      (`[N]` mean loss, `[N]` misclassification error), NumPy float32.
+    """
+    num_clients = population.num_clients
+    if personal.num_clients < num_clients:
+        raise ValueError(f"{personal.num_clients} personal models for {num_clients} clients")
+    losses = np.empty(num_clients, np.float32)
+    errors = np.empty(num_clients, np.float32)
+    rows = population.cohort_rows(min(block_clients, num_clients))
+    for ids in client_id_blocks(num_clients, block_clients):
+        host = population.gather_host(ids, rows)
+        block = ClientPopulation(
+            features=host["features"], offsets=host["offsets"], counts=host["counts"],
+            max_count=population.max_count,
+        )
+        loss, error = jax.device_get(_personal_block_jit(task, personal.block(ids), block, group))
+        losses[ids], errors[ids] = loss, error
+    return losses, errors

@@ -129,8 +129,12 @@ def client_state_nbytes(
     `PERSONAL_MODEL_ALGORITHMS`; docs/personalization.md). Under a layout
     over several devices each holds all the rows (replicated) or its share
     (split); on CPU the devices share the host's memory, so every device's
-    copy counts.
+    copy counts. Host-resident rows (`host_client_state`) are one copy in
+    host memory.
     """
+    if strategy.host_client_state:
+        # One host copy; the device holds only the cohort's rows (counted with the round).
+        return PERSONAL_MODEL_ALGORITHMS[algorithm] * num_clients * num_parameters * 4
     mesh = strategy.mesh
     devices = mesh.size if mesh is not None else 1
     rows = strategy.client_state_rows(num_clients)
@@ -148,24 +152,42 @@ def choose_client_state(
     config: RunConfig, strategy: ClientStrategy, num_clients: int, num_parameters: int,
     *, available: int | None = None,
 ) -> ClientStrategy:
-    """The strategy with `split_client_state` as `--client-state` says.
+    """The strategy with `split_client_state` and `host_client_state` as `--client-state` says.
 
-    'split' and 'replicated' as named; 'auto' replicates unless the
+    'split', 'replicated' and 'host' as named; 'auto' replicates unless the
     replicated personal models would take over `SPLIT_CLIENT_STATE_SHARE` of
-    the memory (`total_memory`, or `available`): splitting costs an all-reduce of the cohort's
-    models a round (Ditto on the main job, 2 CPU devices: 5% fewer rounds/s,
-    benchmarks/RESULTS.md) and saves memory only where it is short.
+    the memory (`total_memory`, or `available`), then splits them over the
+    devices (a no-op on one device), and on an accelerator keeps them in host
+    memory when even the split rows would take over that share. Splitting
+    costs an all-reduce of the cohort's models a round (Ditto on the main job,
+    2 CPU devices: 5% fewer rounds/s) and host residency a copy of the
+    cohort's models each way (benchmarks/RESULTS.md): each is chosen only
+    where memory is short. On CPU host memory is the devices' memory, so
+    'auto' never picks 'host' there.
     """
     if config.client_state != "auto":
-        return dataclasses.replace(strategy, split_client_state=config.client_state == "split")
-    replicated = dataclasses.replace(strategy, split_client_state=False)
-    personal = sum(
-        client_state_nbytes(replicated, num_clients, num_parameters, name)
-        for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS
-    )
+        return dataclasses.replace(
+            strategy,
+            split_client_state=config.client_state == "split",
+            host_client_state=config.client_state == "host",
+        )
+
+    def personal_bytes(candidate):
+        return sum(
+            client_state_nbytes(candidate, num_clients, num_parameters, name)
+            for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS
+        )
+
     if available is None:
         available = total_memory()
-    return dataclasses.replace(strategy, split_client_state=personal > SPLIT_CLIENT_STATE_SHARE * available)
+    budget = SPLIT_CLIENT_STATE_SHARE * available
+    replicated = dataclasses.replace(strategy, split_client_state=False, host_client_state=False)
+    if personal_bytes(replicated) <= budget:
+        return replicated
+    split = dataclasses.replace(replicated, split_client_state=True)
+    if personal_bytes(split) <= budget or jax.default_backend() == "cpu":
+        return split
+    return dataclasses.replace(replicated, host_client_state=True)
 
 
 def total_memory() -> int:
@@ -216,10 +238,19 @@ def check_round_fits(
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
     personal_algorithms = [name for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS]
+    host_personal = 0
     for name in personal_algorithms:
         personal = client_state_nbytes(strategy, dataset.train.num_clients, num_parameters, name)
-        needed += personal
-        layout = "split over the devices" if strategy.shards_client_state else "replicated"
+        if strategy.host_client_state:
+            layout = "in host memory"
+            # The cohort's rows on the device, and a copy of them on the host.
+            needed += PERSONAL_MODEL_ALGORITHMS[name] * config.clients_per_round * num_parameters * 4
+            host_personal += personal
+            if resource == "memory":
+                needed += personal
+        else:
+            layout = "split over the devices" if strategy.shards_client_state else "replicated"
+            needed += personal
         what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes, {layout})"
     try:
         check_memory(
@@ -229,6 +260,16 @@ def check_round_fits(
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if host_personal and resource != "memory":
+        try:
+            check_memory(
+                host_personal,
+                f"{', '.join(personal_algorithms)}'s {dataset.train.num_clients:,} personal models "
+                "in host memory",
+                hint="fewer training clients or a smaller model",
+            )
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
 
 def data_warnings(config: RunConfig, dataset: FederatedDataset, local: LocalTraining) -> list[str]:

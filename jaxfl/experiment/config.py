@@ -200,10 +200,12 @@ class RunConfig:
         low=0.0,
     )
     client_state: str = _field(
-        "auto", "under a sharded strategy over several devices, whether the personal models (ditto, l2sgd, "
-        "apfl) are split over the devices (each holding N/D) or replicated on each; auto: split when the "
-        "replicated copies would take over a quarter of the memory (docs/personalization.md)",
-        choices=("auto", "split", "replicated"),
+        "auto", "where the personal models (ditto, apfl, l2sgd) live: replicated on each device, split over "
+        "the devices of a sharded strategy (each holding N/D), or in host memory with the cohort's moved to "
+        "the device each round (host; not l2sgd, not sweeps); auto: replicated, split when the replicated "
+        "copies would take over a quarter of the memory, host when on an accelerator even the split ones "
+        "would (docs/personalization.md)",
+        choices=("auto", "split", "replicated", "host"),
     )
     ditto_dynamic_lam: str = _field(
         "", "ditto: dynamic lambda (thesis 5.3), candidates such as 0.1,1,2 tried at every personal step, "

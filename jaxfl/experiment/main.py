@@ -36,7 +36,7 @@ from jaxfl.experiment.outputs import (
     write_jsonl,
 )
 from jaxfl.experiment.run_directory import OutputDirectory
-from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, setup
+from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, saved_personal_models, setup
 from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
 
 CHECKPOINTS = "checkpoints"
@@ -58,7 +58,7 @@ def write_result(directory: Path, config: RunConfig, result: RunResult, run_setu
     if result.state is not None:
         save_model(
             directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm,
-            personal=run_setup.algorithms[result.algorithm].personal_models(result.state),
+            personal=saved_personal_models(run_setup.algorithms[result.algorithm], result.state),
         )
         shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
 

@@ -22,6 +22,7 @@ from jaxfl.algorithms.base import (
     FederatedAlgorithm,
     ServerState,
     local_learning_rate,
+    own_models,
     place_state,
     server_optimizer,
 )
@@ -39,6 +40,7 @@ from jaxfl.data.population import ClientPopulation, FederatedDataset
 from jaxfl.data.registry import load_dataset
 from jaxfl.data.splits import split_client_examples
 from jaxfl.evaluation.per_client import (
+    host_personal_metrics,
     host_population_metrics,
     per_client_metrics,
     personal_client_metrics,
@@ -51,6 +53,7 @@ from jaxfl.experiment.health import divergence, host_health, initial_health, mon
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.experiment.robustness import attack_record, run_robustness
 from jaxfl.models.networks import count_parameters, make_model
+from jaxfl.training.client_state import HostClientState, HostPersonalModels, is_on_host
 from jaxfl.training.cohort import finetune_models
 from jaxfl.training.host_cohorts import CohortStream
 from jaxfl.training.local import LocalTraining, Task
@@ -349,6 +352,11 @@ def setup(config: RunConfig) -> Setup:
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     strategy = choose_strategy(config.strategy, num_parameters)
     strategy = choose_client_state(config, strategy, num_train, num_parameters)
+    if strategy.host_client_state and "l2sgd" in config.algorithms:
+        raise ConfigError(
+            "l2sgd averages all N personal models every round, so they cannot live in host memory: "
+            "use --client-state replicated or split"
+        )
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
         local=LocalTraining(
@@ -538,6 +546,27 @@ def personalized_models(
     return jax.jit(personalize)(state, run_setup.engine.strategy.replicate(population))
 
 
+def personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
+    """`algorithm.personal_models(state)`, or for host-resident client rows the
+    `HostPersonalModels` that make them block by block on the device.
+    """
+    if not is_on_host(state.clients):
+        return algorithm.personal_models(state)
+    if algorithm.personal_models is own_models:
+        return HostPersonalModels(state.clients)
+    device_part = dataclasses.replace(state, clients=())
+    to_models = jax.jit(
+        lambda rows: algorithm.personal_models(dataclasses.replace(device_part, clients=rows))
+    )
+    return HostPersonalModels(state.clients, to_models)
+
+
+def saved_personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
+    """The personal models a run saves: `personal_models`, host-resident ones brought to host arrays."""
+    models = personal_models(algorithm, state)
+    return models.to_host() if isinstance(models, HostPersonalModels) else models
+
+
 def personal_evaluation_group(strategy: ClientStrategy) -> int:
     """Clients whose personal models are evaluated together: the run's layout's.
 
@@ -649,13 +678,35 @@ def make_evaluator(
         return personal_populations
 
     evaluate_personal = _evaluate_personal_batched if batched else _evaluate_personal
+    host_copies = {}
+
+    def host_personal(personal: HostPersonalModels):
+        # Host-resident personal models (N beyond the device) are evaluated in blocks of clients
+        # gathered from host copies of the populations.
+        if not host_copies:
+            host_copies.update({
+                name: place_population(population, "host")
+                for name, population in populations.items()
+                if name == "train" or dataset.personal_splits
+            })
+        stats, values = {}, {}
+        for name, population in host_copies.items():
+            loss, error = host_personal_metrics(task, personal, population, group=personal_group)
+            weights = _summary_weights(name, population, client_weighting, personal_benign.get(name))
+            stats[f"personal_{name}_loss"], stats[f"personal_{name}_error"] = jax.device_get(
+                _summarize_host(loss, error, weights)
+            )
+            values[name] = {"personal_loss": loss, "personal_error": error}
+        return stats, values
 
     def run(params, personal=()):
         summaries, clients = jax.device_get(
             evaluate(task, client_weighting, params, on_device, benign)
         )
         personal_summaries, personal_clients = {}, {}
-        if jax.tree.leaves(personal):
+        if isinstance(personal, HostPersonalModels):
+            personal_summaries, personal_clients = host_personal(personal)
+        elif jax.tree.leaves(personal):
             personal_summaries, personal_clients = jax.device_get(
                 evaluate_personal(
                     task, client_weighting, personal_group, personal, populations_with_personal_models(),
@@ -879,6 +930,7 @@ def training_loop(
     start_round: int = 0,
     checkpointing: Checkpointing | None = None,
     stop_on_divergence: bool = True,
+    client_state: HostClientState | None = None,
 ) -> tuple[Any, LoopTiming]:
     """Runs rounds `start_round + 1 .. config.rounds`, evaluating every `config.eval_every`.
 
@@ -897,15 +949,21 @@ def training_loop(
     anyway (evaluations, checkpoints, the end) it reads the run's health; a
     diverged single run raises `RunDiverged` before evaluating or saving
     the diverged state (`stop_on_divergence`; a sweep's points go on).
+
+    With `client_state`, the state's per-client rows live in host memory:
+    each call (one round) receives its cohort's rows and the loop writes
+    them back after it (`jaxfl.training.client_state`).
     """
     if config.rounds % rounds_per_call or config.eval_every % rounds_per_call:
         raise ValueError(f"rounds_per_call {rounds_per_call} must divide rounds and eval_every")
     if start_round % rounds_per_call:
         raise ValueError(f"start_round {start_round} must be a multiple of rounds_per_call {rounds_per_call}")
+    if client_state is not None and rounds_per_call != 1:
+        raise ValueError("host-resident client state runs one round per call")
     try:
         return _training_loop(
             round_fn, carry, train, keys, config, strategy, on_evaluate, progress, rounds_per_call,
-            start_round, checkpointing, stop_on_divergence,
+            start_round, checkpointing, stop_on_divergence, client_state,
         )
     finally:
         if isinstance(train, CohortStream):
@@ -923,7 +981,7 @@ def _check_health(carry: Any, round_index: int, stop_on_divergence: bool) -> Non
 
 def _training_loop(
     round_fn, carry, train, keys, config, strategy, on_evaluate, progress, rounds_per_call,
-    start_round, checkpointing, stop_on_divergence,
+    start_round, checkpointing, stop_on_divergence, client_state,
 ):
     sync = must_sync_each_round(strategy)
     stop = current_request()
@@ -933,7 +991,12 @@ def _training_loop(
     first_call = start_round + rounds_per_call
     for round_index in range(first_call, config.rounds + 1, rounds_per_call):
         population = train.next_call() if isinstance(train, CohortStream) else train
+        if client_state is not None:
+            host_rows = carry[0].clients
+            carry = (client_state.gather(carry[0], round_index - 1), carry[1])
         carry, metrics = round_fn(carry, population, keys)
+        if client_state is not None:
+            carry = (client_state.store(carry[0], host_rows, round_index - 1), carry[1])
         if round_index == first_call:
             jax.block_until_ready(carry)
             compile_s = time.perf_counter() - loop_start
@@ -1009,7 +1072,9 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     """Puts a carry (fresh or restored from host arrays) where the round expects it (`place_state`)."""
     state, health = carry
     strategy = run_setup.engine.strategy
-    return place_state(jax.device_put(state), strategy), strategy.replicate(jax.device_put(health))
+    clients = state.clients if is_on_host(state.clients) else jax.device_put(state.clients)
+    state = dataclasses.replace(jax.device_put(dataclasses.replace(state, clients=())), clients=clients)
+    return place_state(state, strategy), strategy.replicate(jax.device_put(health))
 
 
 def run_algorithm(
@@ -1050,7 +1115,12 @@ def run_algorithm(
     carry, run_key = initial_carry(run_setup, name)
     start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
     history: list[dict[str, Any]] = list(meta["history"]) if meta else []
-    fused = rounds_per_call(strategy, config.rounds, config.eval_every)
+    client_state = None
+    if is_on_host(carry[0].clients):
+        client_state = HostClientState(
+            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=strategy.replicate
+        )
+    fused = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
     train = training_input(run_setup, run_key, fused, first_round=start_round)
     round_fn = compile_rounds(
         monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)
@@ -1067,7 +1137,7 @@ def run_algorithm(
         progress.update(start_round)
 
     def on_evaluate(round_index, state, metrics):
-        summaries, clients = evaluate(state.params, algorithm.personal_models(state))
+        summaries, clients = evaluate(state.params, personal_models(algorithm, state))
         latest.update(summaries=summaries, clients=clients)
         record = {
             "algorithm": name,
@@ -1098,13 +1168,13 @@ def run_algorithm(
     try:
         carry, timing = training_loop(
             round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, fused,
-            start_round=start_round, checkpointing=checkpointing,
+            start_round=start_round, checkpointing=checkpointing, client_state=client_state,
         )
         state, health = carry[0], host_health(carry[1])
         after_training = None
         if algorithm.personalize is not None:
             after_training = lambda: personalized_models(run_setup, algorithm, state)  # noqa: E731
-        elif config.finetune_epochs and not jax.tree.leaves(algorithm.personal_models(state)):
+        elif config.finetune_epochs and not jax.tree.leaves(state.clients):
             # Algorithms with personal models of their own (ditto) report those.
             after_training = lambda: finetuned_models(run_setup, state, run_key)  # noqa: E731
         if after_training is not None:
@@ -1129,7 +1199,10 @@ def run_algorithm(
         "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
     if name in PERSONAL_MODEL_ALGORITHMS:
-        summary["client_state"] = "split" if strategy.shards_client_state else "replicated"
+        summary["client_state"] = (
+            "host" if strategy.host_client_state
+            else "split" if strategy.shards_client_state else "replicated"
+        )
     attack = attack_record(config, run_setup.corrupted)
     if attack is not None:
         summary["attack"] = attack

@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
+from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS
 from jaxfl.experiment.checkpoints import RunCheckpoints
+from jaxfl.experiment.config import ConfigError
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.runner import (
@@ -158,6 +160,15 @@ def batched_evaluator(run_setup: Setup) -> Callable:
     return evaluators[key]
 
 
+def check_client_state(run_setup: Setup, name: str) -> None:
+    """A one-line ConfigError when a sweep of `name` would need host-resident personal models."""
+    if run_setup.engine.strategy.host_client_state and name in PERSONAL_MODEL_ALGORITHMS:
+        raise ConfigError(
+            f"a sweep of {name} keeps its points' personal models on the device: host-resident "
+            "client state (--client-state host) runs one setting at a time"
+        )
+
+
 def run_sweep(
     run_setup: Setup,
     name: str,
@@ -195,6 +206,7 @@ def run_sweep(
         raise ValueError("a sweep needs at least one point")
     config = run_setup.config
     engine = run_setup.engine
+    check_client_state(run_setup, name)
     algorithm = run_setup.algorithms[name]
     starts = [initial_state(run_setup, name, point) for point in points]
     # Placed as the round's outputs will be (replicated over a mesh under the

@@ -49,7 +49,7 @@ from jaxfl.experiment.outputs import (
 )
 from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import placement_line, setup
-from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, run_sweep
+from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, check_client_state, run_sweep
 
 # Settings that are traced in the round (vmapped) when the algorithm takes them.
 VMAPPED_EXTRA = (SERVER_LR, "seed")
@@ -131,6 +131,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     # warnings are printed once every point passed.
     with held_warnings():
         base_setup = setup(config)
+        check_client_state(base_setup, name)
         traced = set(base_setup.algorithms[name].hparam_defaults) | set(VMAPPED_EXTRA)
         inner = {k: v for k, v in grid.items() if k in traced}
         outer = {k: v for k, v in grid.items() if k not in traced}

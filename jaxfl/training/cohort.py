@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.client_state import GatheredClientRows, host_rows
 from jaxfl.training.fused import fused_layout, train_fused
 from jaxfl.training.local import (
     LocalHParams,
@@ -389,20 +390,45 @@ def initial_client_models(params: Params, num_clients: int, strategy: ClientStra
     multiple of the devices over which the rows are split (the rows past N
     are padding, never gathered).
     """
+    if strategy.host_client_state:
+        return host_rows(params, num_clients)
     rows = strategy.client_state_rows(num_clients)
     return jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (rows, *leaf.shape)).copy(), params)
 
 
-def client_rows(per_client_state: Params, client_ids: jax.Array) -> Params:
-    """Rows `client_ids` of per-client state (leaves `[N, ...]`): the cohort's, leaves `[M, ...]`."""
+def client_rows(per_client_state: Params | GatheredClientRows, client_ids: jax.Array) -> Params:
+    """Rows `client_ids` of per-client state (leaves `[N, ...]`): the cohort's, leaves `[M, ...]`.
+
+    Host-resident state arrives as the cohort's rows already gathered in the
+    cohort's order (`jaxfl.training.client_state`), taken as they are.
+    """
+    if isinstance(per_client_state, GatheredClientRows):
+        _check_gathered(per_client_state, client_ids)
+        return per_client_state.rows
     return jax.tree.map(lambda rows: rows[client_ids], per_client_state)
 
 
-def store_client_rows(per_client_state: Params, client_ids: jax.Array, rows: Params) -> Params:
-    """`per_client_state` with rows `client_ids` set to `rows` (distinct ids: sampled without replacement)."""
+def store_client_rows(
+    per_client_state: Params | GatheredClientRows, client_ids: jax.Array, rows: Params
+) -> Params | GatheredClientRows:
+    """`per_client_state` with rows `client_ids` set to `rows` (distinct ids: sampled without replacement).
+
+    Gathered host-resident rows are replaced whole (the host writes them back).
+    """
+    if isinstance(per_client_state, GatheredClientRows):
+        _check_gathered(per_client_state, client_ids)
+        return GatheredClientRows(rows)
     return jax.tree.map(
         lambda state, new: state.at[client_ids].set(new, unique_indices=True), per_client_state, rows
     )
+
+
+def _check_gathered(gathered: GatheredClientRows, client_ids: jax.Array) -> None:
+    count = {leaf.shape[0] for leaf in jax.tree.leaves(gathered.rows)}
+    if count != {client_ids.shape[0]}:
+        raise ValueError(
+            f"the gathered client rows hold {sorted(count)} clients, the cohort {client_ids.shape[0]}"
+        )
 
 
 def finetune_models(

@@ -54,6 +54,9 @@ class ClientStrategy:
         per-client state (personal models) along the client axis, each
         device holding its share of the rows, rather than replicating it
         (`shard_rows`; the runner's `--client-state` chooses).
+      host_client_state: keep per-client state in host memory, the
+        cohort's rows moved to the device for each round
+        (`jaxfl.training.client_state`); overrides `split_client_state`.
     """
 
     kind: str = "vmap"
@@ -61,6 +64,7 @@ class ClientStrategy:
     inner: str = "sequential"
     num_devices: int | None = None
     split_client_state: bool = False
+    host_client_state: bool = False
 
     def __post_init__(self):
         kinds = ("vmap", "chunked", "sequential", "sharded")
@@ -113,7 +117,7 @@ class ClientStrategy:
     def shards_client_state(self) -> bool:
         """Whether per-client state (rows indexed by client id) is split over several devices."""
         mesh = self.mesh
-        return self.split_client_state and mesh is not None and mesh.size > 1
+        return self.split_client_state and not self.host_client_state and mesh is not None and mesh.size > 1
 
     def client_state_rows(self, num_clients: int) -> int:
         """Rows of per-client state for N clients: N, or N rounded up to a multiple of the devices.
@@ -134,9 +138,12 @@ class ClientStrategy:
         gather of the cohort's rows becomes each device's own rows and one
         all-reduce of the M gathered rows, and the scatter back stays local
         (XLA's SPMD partitioner; checked in tests/training/test_strategies.py).
-        Replicates where the state is not split; the rows must be
+        Replicates where the state is not split, and leaves host-resident
+        state (`host_client_state`) on the host; the rows must be
         `client_state_rows`.
         """
+        if self.host_client_state:
+            return jax.tree.map(np.array, tree)  # A writable host copy (restored arrays may not be).
         if not self.shards_client_state:
             return self.replicate(tree)
         spec = PartitionSpec(*([None] * row_axis), CLIENT_AXIS)

@@ -1,0 +1,212 @@
+"""Per-client state in host memory (`jaxfl.training.client_state`).
+
+The cohort's rows gathered on the host before each round and written back
+after it must give the device-resident state's models bit for bit (clients
+sampled in consecutive rounds included), the personal evaluation in blocks
+the whole-population one, and a run stopped and resumed from the CLI the
+uninterrupted device run's files.
+"""
+
+import csv
+import dataclasses
+import json
+import signal
+
+import jax
+import numpy as np
+import pytest
+from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
+from reference import TINY_LABEL_SHIFT, assert_cli_refuses
+
+from jaxfl.algorithms import fedavg
+from jaxfl.algorithms.apfl import apfl
+from jaxfl.algorithms.ditto import ditto
+from jaxfl.algorithms.l2sgd import l2sgd
+from jaxfl.cli import main
+from jaxfl.data.host import HostPopulation
+from jaxfl.evaluation.per_client import host_personal_metrics, personal_client_metrics
+from jaxfl.experiment import runner
+from jaxfl.experiment.saved_model import load_model
+from jaxfl.training import ClientStrategy
+from jaxfl.training.client_state import (
+    GatheredClientRows,
+    HostClientState,
+    HostPersonalModels,
+    client_id_blocks,
+    is_on_host,
+)
+
+M = 3
+N = len(SIZES)
+KEY = jax.random.key(5)
+ROUNDS = 6
+HOST = ClientStrategy("vmap", host_client_state=True)
+DEVICE = ClientStrategy("vmap")
+
+
+def build(name, strategy):
+    if name == "ditto":
+        return ditto(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
+    return apfl(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
+
+
+def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4):
+    """The runner's loop for host rows: gather, one compiled round, store back."""
+    mover = HostClientState(key, N, M, rounds_ahead=rounds_ahead)
+    traces = []
+
+    def counted(state, population, key):
+        traces.append(1)
+        return algorithm.round(state, population, key)
+
+    round_fn = jax.jit(counted, donate_argnums=0)
+    for round_index in range(num_rounds):
+        host = state.clients
+        state = mover.gather(state, round_index)
+        assert isinstance(state.clients, GatheredClientRows)
+        state, _ = round_fn(state, POPULATION, key)
+        state = mover.store(state, host, round_index)
+    assert len(traces) == 1
+    return state, mover
+
+
+@pytest.mark.parametrize("name", ["ditto", "apfl"])
+def test_host_rows_give_the_device_models_bit_for_bit(name):
+    hparams = {"lr": 0.1, "lam": 0.5} if name == "ditto" else {"lr": 0.1, "apfl_alpha": 0.5}
+    on_device = build(name, DEVICE)
+    expected, _ = run_rounds(on_device, on_device.init(initial_params(), hparams), ROUNDS, KEY)
+    on_host = build(name, HOST)
+    start = on_host.init(initial_params(), hparams)
+    assert is_on_host(start.clients) and not is_on_host(expected.clients)
+    # rounds_ahead=4: the cohorts come from two blocks of the sampler.
+    state, mover = run_on_host(on_host, start, ROUNDS, KEY)
+    cohorts = [set(mover.cohort_ids(r).tolist()) for r in range(ROUNDS)]
+    # Some client trains in consecutive rounds: its second round must start from its first's rows.
+    assert any(a & b for a, b in zip(cohorts, cohorts[1:], strict=False))
+    for want, got in zip(jax.tree.leaves(expected.clients), jax.tree.leaves(state.clients), strict=True):
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_array_equal(got, np.asarray(want))
+    for want, got in zip(jax.tree.leaves(expected.params), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_client_id_blocks_cover_every_client_with_one_shape():
+    for num_clients, size in ((8, 3), (8, 8), (3, 8), (9, 3)):
+        blocks = list(client_id_blocks(num_clients, size))
+        assert {len(b) for b in blocks} == {min(size, num_clients)}
+        assert set(np.concatenate(blocks).tolist()) == set(range(num_clients))
+        assert all(b.min() >= 0 and b.max() < num_clients for b in blocks)
+
+
+@pytest.mark.parametrize("name", ["ditto", "apfl"])
+def test_block_evaluation_equals_the_whole_populations(name):
+    hparams = {"lr": 0.1, "lam": 0.5} if name == "ditto" else {"lr": 0.1, "apfl_alpha": 0.3}
+    algorithm = build(name, DEVICE)
+    state, _ = run_rounds(algorithm, algorithm.init(initial_params(), hparams), 2, KEY)
+    want_models = algorithm.personal_models(state)
+    want_loss, want_error = personal_client_metrics(TASK, want_models, POPULATION)
+    host_state = jax.tree.map(np.asarray, state)
+    personal = runner.personal_models(algorithm, host_state)
+    assert isinstance(personal, HostPersonalModels)
+    assert (personal.to_models is None) == (name == "ditto")
+    # Blocks of 3 of 8 clients: the last block starts early.
+    loss, error = host_personal_metrics(
+        TASK, personal, HostPopulation.from_device(POPULATION), group=2, block_clients=3
+    )
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(error, want_error, rtol=1e-6)
+    for want, got in zip(
+        jax.tree.leaves(want_models), jax.tree.leaves(personal.to_host(block_size=3)), strict=True
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_l2sgd_refuses_host_rows():
+    algorithm = l2sgd(TASK, LOCAL, M, N, strategy=HOST)
+    state = algorithm.init(initial_params(), {"lr": 0.1})
+    state = HostClientState(KEY, N, M).gather(state, 0)
+    with pytest.raises(ValueError, match="l2sgd averages all N personal models"):
+        algorithm.round(state, POPULATION, KEY)
+
+
+BASE = [
+    *TINY_LABEL_SHIFT, "--algorithm", "ditto", "--lam", "0.5", "--client-split", "0.25",
+    "--rounds", "6", "--clients-per-round", "5", "--eval-every", "2", "--checkpoint-every", "2",
+    "--no-progress",
+]  # fmt: skip
+
+
+class StopAfter:
+    """A SIGINT request seen after `calls` reads (one per compiled call)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    @property
+    def signal(self):
+        self.calls -= 1
+        return signal.SIGINT if self.calls < 0 else None
+
+
+def test_a_host_run_stopped_and_resumed_equals_the_device_run(tmp_path, monkeypatch, capsys):
+    device_out, host_out = tmp_path / "device", tmp_path / "host"
+    assert main(["run", *BASE, "--client-state", "replicated", "--out", str(device_out)]) == 0
+    request = StopAfter(3)
+    monkeypatch.setattr(runner, "current_request", lambda: request)
+    assert main(["run", *BASE, "--client-state", "host", "--out", str(host_out)]) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(host_out), "--no-progress"]) == 0
+    assert json.loads((host_out / "timing.json").read_text())["resumed_from_round"] == 4
+    summaries = [json.loads((out / "summary.json").read_text()) for out in (device_out, host_out)]
+    assert [s.pop("client_state") for s in summaries] == ["replicated", "host"]
+    assert summaries[0] == summaries[1]
+    assert "personal_test_error" in summaries[1]
+    for name in ("clients.csv", "metrics.jsonl"):
+        assert (host_out / name).read_bytes() == (device_out / name).read_bytes(), name
+    with (host_out / "clients.csv").open() as f:
+        assert {"personal_error", "personal_loss"} <= set(next(csv.DictReader(f)))
+    saved = [load_model(out).personal for out in (device_out, host_out)]
+    for want, got in zip(*map(jax.tree.leaves, saved), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--algorithm", "l2sgd", "--client-state", "host"], "cannot live in host memory"),
+        (["sweep", "--algorithm", "ditto", "--client-state", "host", "--grid", "lam=0.1,1"],
+         "runs one setting at a time"),
+    ],
+)  # fmt: skip
+def test_host_client_state_refusals(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [*argv[:1], *TINY_LABEL_SHIFT, "--clients-per-round", "5", *argv[1:], "--out", str(out)]
+    assert_cli_refuses(argv, [message], out, capsys)
+
+
+def test_auto_keeps_personal_models_on_the_host_only_where_even_split_they_are_short(monkeypatch):
+    from jaxfl.experiment.checks import choose_client_state, client_state_nbytes
+    from jaxfl.experiment.config import make_config
+
+    sharded = ClientStrategy("sharded", num_devices=2)
+    config = make_config({"algorithm": "ditto", "client_state": "auto"})
+    host = dataclasses.replace(sharded, host_client_state=True)
+    # One host copy of N = 8 models of 1,000 parameters: 32,000 bytes.
+    assert client_state_nbytes(host, 8, 1000, "ditto") == 32_000
+    assert client_state_nbytes(host, 8, 1000, "apfl") == 64_000  # Two models a client.
+
+    def chosen(available):
+        strategy = choose_client_state(config, sharded, 8, 1000, available=available)
+        if strategy.host_client_state:
+            return "host"
+        return "split" if strategy.split_client_state else "replicated"
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    # Off CPU one copy a device: 32,000 bytes replicated, 16,000 split; a quarter of the memory each.
+    choices = [chosen(4 * nbytes) for nbytes in (32_000, 31_999, 16_000, 15_999)]
+    assert choices == ["replicated", "split", "split", "host"]
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert chosen(1) == "split"  # On CPU the host's memory is the devices': never 'host'.
+    named = make_config({"algorithm": "ditto", "client_state": "host"})
+    assert choose_client_state(named, sharded, 8, 1000).host_client_state
