@@ -170,7 +170,10 @@ def ditto(
       dynamic_lam: dynamic lambda's candidates (module docstring); () : the
         fixed lambda 'lam'.
       validation: with `dynamic_lam`, the validation examples, client k's
-        being training client k's (device-resident, N clients).
+        being training client k's (device-resident, N clients), compiled
+        into the round as constants; None: the round reads them from its
+        population argument's `held_out` (`ClientPopulation.held_out`, what
+        the runner gives), an argument of the compiled round.
       name: registry name.
 
     Returns:
@@ -183,11 +186,17 @@ def ditto(
     """
     if num_clients < 1:
         raise ValueError(f"ditto needs num_clients >= 1, got {num_clients}")
-    if dynamic_lam and (validation is None or validation.num_clients != num_clients):
-        raise ValueError(
-            "dynamic lambda chooses on each client's own validation examples: it needs a validation "
-            f"population of the {num_clients} training clients (validation client k = training client k)"
-        )
+    def check_validation(validation, expected_clients):
+        if validation is None or validation.num_clients != expected_clients:
+            raise ValueError(
+                "dynamic lambda chooses on each client's own validation examples: it needs a validation "
+                f"population of the {num_clients} training clients (validation client k = training client "
+                "k), as `validation` or as the population's `held_out` (a gathered cohort's: its clients')"
+            )
+
+    validation_given = validation is not None
+    if dynamic_lam and validation_given:
+        check_validation(validation, num_clients)
     lam = DITTO_HPARAM_DEFAULTS["lam"]
     init = init_with_client_models(global_algorithm, "lam", lam, num_clients, strategy)
     defaults = {**global_algorithm.hparam_defaults, **DITTO_HPARAM_DEFAULTS}
@@ -201,7 +210,12 @@ def ditto(
             lr=local_learning_rate(state.hparams, state.round), prox_mu=state.hparams["lam"]
         )
         if dynamic_lam:
-            clients, personal_loss = dynamic_personal_steps(state, cohort, keys.clients, hparams)
+            examples = validation
+            if not validation_given:
+                examples = population.held_out
+                gathered = isinstance(population, GatheredCohort)
+                check_validation(examples, clients_per_round if gathered else num_clients)
+            clients, personal_loss = dynamic_personal_steps(state, cohort, keys.clients, hparams, examples)
         else:
             clients, trained = update_personal_models(
                 task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
@@ -211,7 +225,7 @@ def ditto(
         metrics = {**metrics, "personal_train_loss": jnp.mean(personal_loss)}
         return dataclasses.replace(new_state, clients=clients), metrics
 
-    def dynamic_personal_steps(state, cohort, clients_key, hparams):
+    def dynamic_personal_steps(state, cohort, clients_key, hparams, validation):
         def client_fn(shared, client):
             anchor, population, validation, hparams = shared
             step = greedy_lambda_step(
@@ -227,7 +241,9 @@ def ditto(
         shared = (state.params, cohort.population, validation, hparams)
         clients, trained = train_client_rows(
             client_fn, shared, state.clients, cohort, clients_key, local, strategy,
-            extra={"validation_id": cohort.client_ids},
+            # Constructor examples are all N clients'; a population's `held_out` is laid out like
+            # the population: all N on the device, the cohort's slots in a gathered cohort.
+            extra={"validation_id": cohort.client_ids if validation_given else cohort.slots},
         )
         return clients, trained["loss"]
 

@@ -69,6 +69,10 @@ class Engine:
       personal_validation: validation examples of the N training clients
         (validation client k = training client k), for algorithms that
         choose on them during training (Ditto's dynamic lambda), or None.
+        The runner gives them to the round as the training population's
+        `held_out` (`jaxfl.experiment.runner.training_input`).
+        The runner gives them to the round as the training population's
+        `held_out` (`jaxfl.experiment.runner.training_input`).
     """
 
     task: Task
@@ -292,6 +296,11 @@ def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorit
         )
     if engine.num_clients is None:
         raise ValueError("ditto needs the number of training clients (Engine.num_clients)")
+    if options["ditto_dynamic_lam"] and engine.personal_validation is None:
+        raise ValueError(
+            "ditto's dynamic lambda needs the training clients' own validation examples "
+            "(Engine.personal_validation)"
+        )
     inner_spec = SPECS[global_name]
     inner = inner_spec.build(engine, {k: options[k] for k in inner_spec.options})
     return ditto(
@@ -302,7 +311,6 @@ def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorit
         engine.num_clients,
         strategy=engine.strategy,
         dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
-        validation=engine.personal_validation,
     )
 
 

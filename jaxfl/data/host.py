@@ -239,7 +239,20 @@ class _FileRows:
                 )
 
 
-def to_cohort(host: Mapping[str, Any], max_count: int, num_clients: int) -> GatheredCohort:
+def to_cohort(
+    host: Mapping[str, Any], max_count: int, num_clients: int, held_out_max_count: int | None = None
+) -> GatheredCohort:
+    """The `GatheredCohort` of `gather_host`'s arrays (and of the cohort's held-out examples,
+    `host['held_out']`, where given: `ClientPopulation.held_out`).
+    """
+    held_out = None
+    if "held_out" in host:
+        held_out = ClientPopulation(
+            features=dict(host["held_out"]["features"]),
+            offsets=host["held_out"]["offsets"],
+            counts=host["held_out"]["counts"],
+            max_count=held_out_max_count,
+        )
     return GatheredCohort(
         client_ids=host["client_ids"],
         clients=ClientPopulation(
@@ -249,6 +262,7 @@ def to_cohort(host: Mapping[str, Any], max_count: int, num_clients: int) -> Gath
             max_count=max_count,
         ),
         num_clients=num_clients,
+        held_out=held_out,
     )
 
 

@@ -33,12 +33,18 @@ class ClientPopulation:
       counts: `[N]` int32, number of examples of each client (>= 1).
       max_count: the largest client's number of examples (static: it fixes
         the shapes of the compiled round).
+      held_out: optional, the same N clients' own held-out examples (client
+        i's are client i of `held_out`), given to the compiled round with
+        the training examples for algorithms that choose on them (Ditto's
+        dynamic lambda), so that they are an argument of the round rather
+        than constants compiled into it.
     """
 
     features: Mapping[str, jax.Array]
     offsets: jax.Array
     counts: jax.Array
     max_count: int = dataclasses.field(metadata=dict(static=True))
+    held_out: ClientPopulation | None = None
 
     @property
     def num_clients(self) -> int:
@@ -200,11 +206,14 @@ class GatheredCohort:
         cohort fits) and its `max_count` is the whole population's, which
         fixes the shapes of local training exactly as on the device.
       num_clients: N, the size of the population sampled from (static).
+      held_out: optional, the cohort's own held-out examples, client j's in
+        slot j like `clients` (`ClientPopulation.held_out`).
     """
 
     client_ids: jax.Array
     clients: ClientPopulation
     num_clients: int = dataclasses.field(metadata=dict(static=True))
+    held_out: ClientPopulation | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -283,11 +283,12 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
         )
 
 
-def personal_validation_examples(config: RunConfig, dataset: FederatedDataset, strategy: ClientStrategy):
-    """The training clients' own validation examples, on the device, where an algorithm chooses on them.
+def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
+    """The training clients' own validation examples, where an algorithm chooses on them.
 
     Ditto's dynamic lambda (`--ditto-dynamic-lam`) reads them inside the
-    compiled round; None where no algorithm of the run does.
+    compiled round, given with the training examples (`training_input`);
+    None where no algorithm of the run does.
 
     Raises:
       ConfigError: dynamic lambda without validation client k = training client k.
@@ -299,7 +300,7 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset, s
             "ditto_dynamic_lam chooses on each client's own validation examples: give --client-split and "
             "--client-validation-split (or a dataset whose validation clients are its training clients)"
         )
-    return strategy.replicate(place_population(dataset.validation, "device"))
+    return dataset.validation
 
 
 @held_warnings()
@@ -371,7 +372,7 @@ def setup(config: RunConfig) -> Setup:
         client_weighting=config.client_weighting,
         num_clients=num_train,
         robustness=robustness,
-        personal_validation=personal_validation_examples(config, dataset, strategy),
+        personal_validation=personal_validation_examples(config, dataset),
     )
     # Before anything of the round is allocated (docs/reliability.md).
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
@@ -844,12 +845,15 @@ def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int, fi
 
     The training clients replicated as the strategy lays them out, or, for a
     host-resident population, the `CohortStream` that gathers each call's
-    cohorts (one per run key when `run_keys` is a batch, as in sweeps).
+    cohorts (one per run key when `run_keys` is a batch, as in sweeps). The
+    engine's `personal_validation` comes with them as their `held_out` (all N
+    clients', or each gathered cohort's own).
     Compile the round with `cohort_per_round=isinstance(result, CohortStream)`;
     `training_loop` closes the stream.
     """
     train = run_setup.dataset.train
     strategy = run_setup.engine.strategy
+    held_out = run_setup.engine.personal_validation
     if isinstance(train, HostPopulation):
         return CohortStream(
             train,
@@ -858,8 +862,11 @@ def training_input(run_setup: Setup, run_keys: Any, num_rounds_per_call: int, fi
             rounds_per_call=num_rounds_per_call,
             first_round=first_round,
             place=strategy.replicate,
+            held_out=None if held_out is None else place_population(held_out, "host"),
         )
-    return strategy.replicate(train)
+    if held_out is not None:
+        held_out = place_population(held_out, "device")
+    return strategy.replicate(dataclasses.replace(train, held_out=held_out))
 
 
 class RunDiverged(Exception):

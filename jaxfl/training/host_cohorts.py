@@ -67,6 +67,9 @@ class CohortStream:
       read_ahead: calls whose clients are asked from disk ahead of time
         (`HostPopulation.prefetch`), for populations whose file is not in
         the page cache.
+      held_out: optional, the same N clients' own held-out examples (Ditto's
+        dynamic lambda chooses on them): each cohort carries its clients'
+        as its `held_out`, client j's in slot j.
     """
 
     def __init__(
@@ -79,8 +82,15 @@ class CohortStream:
         first_round: int = 0,
         place: Callable[[Any], Any] | None = None,
         read_ahead: int = 4,
+        held_out: HostPopulation | None = None,
     ):
+        if held_out is not None and held_out.num_clients != population.num_clients:
+            raise ValueError(
+                f"held_out has {held_out.num_clients} clients, the population {population.num_clients}"
+            )
         self.population = population
+        self.held_out = held_out
+        self.held_out_rows = None if held_out is None else held_out.cohort_rows(clients_per_round)
         self.run_key = run_key
         self.batched = jnp.ndim(run_key) == 1
         self.clients_per_round = clients_per_round
@@ -119,10 +129,7 @@ class CohortStream:
             if later not in self._ids:
                 self.population.prefetch(self._cohort_ids(later))
         self._ids.pop(first_round)
-        gathered = [
-            [self.population.gather_host(point_ids, self.num_rows) for point_ids in round_ids]
-            for round_ids in ids
-        ]
+        gathered = [[self._gather(point_ids) for point_ids in round_ids] for round_ids in ids]
         per_round = [
             jax.tree.map(lambda *leaves: np.stack(leaves), *points) if self.batched else points[0]
             for points in gathered
@@ -131,8 +138,16 @@ class CohortStream:
             host = per_round[0]
         else:
             host = jax.tree.map(lambda *leaves: np.stack(leaves), *per_round)
-        cohort = to_cohort(host, self.population.max_count, self.population.num_clients)
+        held_out_max = None if self.held_out is None else self.held_out.max_count
+        cohort = to_cohort(host, self.population.max_count, self.population.num_clients, held_out_max)
         return self.place(cohort)
+
+    def _gather(self, client_ids: np.ndarray) -> dict[str, Any]:
+        host = self.population.gather_host(client_ids, self.num_rows)
+        if self.held_out is not None:
+            held_out = self.held_out.gather_host(client_ids, self.held_out_rows)
+            host["held_out"] = {k: held_out[k] for k in ("features", "offsets", "counts")}
+        return host
 
     def next_call(self) -> GatheredCohort:
         cohort = self._pending.result()

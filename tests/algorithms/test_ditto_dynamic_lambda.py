@@ -6,6 +6,7 @@ v_j's mean loss on client k's validation examples, keeps the least; a client
 with fewer than 4 validation examples steps with the fixed lambda.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -123,6 +124,41 @@ def test_sharded_layout_matches_vmap():
         np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-6)
 
 
+def test_validation_given_with_the_population_is_an_argument_of_the_round():
+    layout = ClientStrategy("vmap")
+
+    def from_population():
+        inner = fedavg(TASK, LOCAL, M, strategy=layout)
+        return ditto(inner, TASK, LOCAL, M, N, strategy=layout, dynamic_lam=CANDIDATES)
+
+    algorithm = from_population()
+    start = {"lr": LR, "lam": FALLBACK}
+    with_held_out = dataclasses.replace(POPULATION, held_out=VALIDATION)
+    got, _ = run_rounds(algorithm, algorithm.init(initial_params(), start), 3, KEY, population=with_held_out)
+    expected, _ = run_rounds(build(), build().init(initial_params(), start), 3, KEY)
+    for left, right in zip(jax.tree.leaves(got.clients), jax.tree.leaves(expected.clients), strict=True):
+        np.testing.assert_array_equal(left, right)
+
+    # The program does not hold the examples: other values of the same shapes lower to the same text,
+    # where the constructor's examples are compiled in (their values change the text).
+    other = dataclasses.replace(
+        VALIDATION, features={k: v + 1 for k, v in VALIDATION.features.items()}
+    )
+    state = algorithm.init(initial_params(), start)
+
+    def lowered(algorithm, population):
+        return jax.jit(algorithm.round).lower(state, population, KEY).as_text()
+
+    assert lowered(algorithm, with_held_out) == lowered(
+        algorithm, dataclasses.replace(POPULATION, held_out=other)
+    )
+    inner = fedavg(TASK, LOCAL, M, strategy=layout)
+    constant = ditto(inner, TASK, LOCAL, M, N, strategy=layout, dynamic_lam=CANDIDATES, validation=other)
+    assert lowered(build(), POPULATION) != lowered(constant, POPULATION)
+    with pytest.raises(ValueError, match="held_out"):
+        jax.eval_shape(from_population().round, state, POPULATION, KEY)
+
+
 def test_lambda_candidates_parse_and_refuse():
     assert lambda_candidates("0.1, 1,2") == (0.1, 1.0, 2.0)
     assert lambda_candidates("") == ()
@@ -138,6 +174,7 @@ def test_lambda_candidates_parse_and_refuse():
             N,
             strategy=ClientStrategy("vmap"),
             dynamic_lam=CANDIDATES,
+            validation=tiny_population([5, 5], seed=1),  # 2 clients for N = 8.
         )
 
 

@@ -134,19 +134,26 @@ def test_round_on_gathered_cohorts_equals_the_device_round(name, strategy):
     data = load_dataset("synthetic", num_clients=20)
     task = Task(make_model("linear", data.input_shape, data.num_classes))
     engine = _engine(task, strategy, data.train.num_clients)
+    train, held_out = data.train, None
     if name == "ditto-dynamic":
         # The synthetic data's test client k is training client k's held-out data.
         engine = dataclasses.replace(engine, personal_validation=data.test)
         algorithm = build_algorithm("ditto", engine, {"ditto_dynamic_lam": "0.1,1,2"})
+        # All N clients' on the device; each gathered cohort carries its own clients'.
+        train = dataclasses.replace(data.train, held_out=data.test)
+        held_out = HostPopulation.from_device(data.test)
     else:
         algorithm = build_algorithm(name, engine, {})
     start = algorithm.init(task.model.init(jax.random.key(0)), {"lr": 0.05})
     key = jax.random.key(3)
     round_fn = jax.jit(algorithm.round)
     device_state = strategy.replicate(start)
-    train = strategy.replicate(data.train)
+    train = strategy.replicate(train)
     host_state = strategy.replicate(start)
-    with CohortStream(HostPopulation.from_device(data.train), key, 5, place=strategy.replicate) as stream:
+    stream = CohortStream(
+        HostPopulation.from_device(data.train), key, 5, place=strategy.replicate, held_out=held_out
+    )
+    with stream:
         for _ in range(4):
             device_state, device_metrics = round_fn(device_state, train, key)
             cohort = stream.next_call()
