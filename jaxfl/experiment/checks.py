@@ -213,8 +213,15 @@ def check_round_fits(
     strategy: ClientStrategy,
     *,
     available: int | None = None,
+    num_points: int = 1,
 ) -> None:
     """A one-line ConfigError when one round cannot fit in the memory available.
+
+    Counted: the round (`round_nbytes`), the personal models of the run's
+    algorithms (`client_state_nbytes`; with `host_client_state`, the
+    cohort's rows on the device and all N in host memory, checked apart off
+    CPU), and Per-FedAvg's N adapted models made at the end of training; all
+    times `num_points`, the points of a sweep group trained together.
 
     Args:
       config: the run's settings (named in the message).
@@ -223,6 +230,7 @@ def check_round_fits(
       local: the local training's shape.
       strategy: how clients are laid out (how many train at once).
       available: bytes available (default: `round_memory_available()`).
+      num_points: settings trained together by one vmapped round (a sweep's).
     """
     needed = round_nbytes(task, dataset, local, config.clients_per_round, strategy)
     resource = "memory"
@@ -252,6 +260,14 @@ def check_round_fits(
             layout = "split over the devices" if strategy.shards_client_state else "replicated"
             needed += personal
         what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes, {layout})"
+    if "perfedavg" in config.algorithms:
+        adapted = dataset.train.num_clients * num_parameters * 4
+        needed += adapted
+        what += f" with perfedavg's {dataset.train.num_clients:,} adapted models ({adapted:,} bytes)"
+    if num_points > 1:
+        needed *= num_points
+        host_personal *= num_points
+        what = f"{num_points} sweep points of {what}"
     try:
         check_memory(
             needed, what, available=available, resource=resource,

@@ -34,7 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from jaxfl.experiment.checkpoints import RunCheckpoints
-from jaxfl.experiment.checks import check_grid_points
+from jaxfl.experiment.checks import check_grid_points, check_round_fits
 from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value, held_warnings
 from jaxfl.experiment.health import EXIT_DIVERGED
 from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
@@ -141,6 +141,13 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
             static_config = dataclasses.replace(config, **static)
             setups.append(base_setup if not static else setup(static_config))
         check_grid_points(config, grid, base_setup, name)
+        # `setup` sized one point; a group's points train together in one vmapped round.
+        for run_setup in setups:
+            engine = run_setup.engine
+            check_round_fits(
+                run_setup.config, engine.task, run_setup.dataset, engine.local, engine.strategy,
+                num_points=len(_points(inner)),
+            )
     staging = None
     if output is not None:
         record = {**config.to_dict(), "grid": dict(grid)}

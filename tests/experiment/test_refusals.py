@@ -43,6 +43,7 @@ from jaxfl.experiment.config import (
     read_config_file,
 )
 from jaxfl.experiment.runner import setup
+from jaxfl.models.networks import count_parameters
 from jaxfl.primitives.discrete_gaussian import MAX_SIGMA, discrete_gaussian
 from jaxfl.privacy.accounting import Sampling, noise_multiplier_for
 
@@ -383,6 +384,38 @@ def test_round_estimate_and_its_check(tiny_setup):
         check_round_fits(
             tiny_setup.config, engine.task, dataset, engine.local, engine.strategy, available=needed - 1
         )
+
+
+def test_sweep_points_and_perfedavgs_adapted_models_are_counted(tiny_setup):
+    import dataclasses
+
+    engine, dataset = tiny_setup.engine, tiny_setup.dataset
+    one = round_nbytes(engine.task, dataset, engine.local, 5, engine.strategy)
+
+    def check(available, config=tiny_setup.config, **kwargs):
+        check_round_fits(
+            config, engine.task, dataset, engine.local, engine.strategy, available=available, **kwargs
+        )
+
+    check(3 * one, num_points=3)
+    with pytest.raises(ConfigError, match=r"^3 sweep points of one round"):
+        check(3 * one - 1, num_points=3)
+    # Per-FedAvg makes one adapted model per training client at the end: N x parameters x 4 bytes.
+    perfedavg = dataclasses.replace(tiny_setup.config, algorithm="perfedavg")
+    num_parameters = count_parameters(jax.eval_shape(engine.task.model.init, jax.random.key(0)))
+    adapted = dataset.train.num_clients * num_parameters * 4
+    check(one + adapted, config=perfedavg)
+    with pytest.raises(ConfigError, match="perfedavg's 40 adapted models"):
+        check(one + adapted - 1, config=perfedavg)
+
+
+def test_a_sweep_whose_points_do_not_fit_together_is_refused(tmp_path, capsys):
+    # One point fits; the group's 1,000 points of the same round do not.
+    _refuses(
+        ["sweep", *TINY, "--algorithm", "fedavg", "--batch-size", "1000000", "--grid",
+         "lr=" + ",".join(f"{0.001 * (i + 1):.3f}" for i in range(1000))],
+        ["1000 sweep points", "memory"], tmp_path, capsys,
+    )
 
 
 @pytest.mark.parametrize(
