@@ -48,7 +48,8 @@ from jaxfl.experiment.outputs import (
     write_jsonl,
 )
 from jaxfl.experiment.run_directory import OutputDirectory
-from jaxfl.experiment.runner import placement_line, setup
+from jaxfl.experiment.runner import placement_line, saved_personal_models, setup
+from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
 from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, check_client_state, run_sweep
 
 # Settings that are traced in the round (vmapped) when the algorithm takes them.
@@ -288,7 +289,9 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     finally:
         if checkpoints is not None:
             checkpoints.close()
-    for offset, (directory, result) in enumerate(zip(directories, results, strict=True)):
+    for offset, (directory, result, p) in enumerate(
+        zip(directories, results, inner_points, strict=True)
+    ):
         warn_empty_rounds(f"point {first + offset}", result.summary)
         if directory is not None:
             write_jsonl(directory / "metrics.jsonl", result.history)
@@ -296,6 +299,16 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
             write_json(directory / "timing.json", result.timing)
             if result.clients:
                 write_clients_csv(directory / "clients.csv", result.clients)
+            if not result.diverged:
+                # As a single run saves its model: the global one, and the personal ones if any.
+                save_model(
+                    directory / MODEL_FOLDER,
+                    result.state.params,
+                    point_config(config, name, {**static, **p}),
+                    run_setup.dataset,
+                    name,
+                    personal=saved_personal_models(run_setup.algorithms[name], result.state),
+                )
     if checkpoints is not None:
         shutil.rmtree(checkpoints.directory, ignore_errors=True)
     return results

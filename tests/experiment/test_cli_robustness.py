@@ -136,6 +136,16 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
         np.testing.assert_allclose(float(rows[2.0][column]), single[key]["mean"], rtol=1e-4, atol=1e-5)
     # lambda = 0 (local models) and lambda = 2 differ only in the personal models.
     assert rows[0.0]["test_error_mean"] == rows[2.0]["test_error_mean"]
+    # Each point saves its models as the single run does (point 1 is lambda = 2).
+    from jaxfl.experiment.saved_model import load_model
+
+    point, alone = load_model(tmp_path / "sweep" / "points" / "001"), load_model(tmp_path / "single")
+    assert point.config.lam == 2.0 and point.config.out is None
+    for saved in ("params", "personal"):
+        leaves = [jax.tree.leaves(getattr(model, saved)) for model in (point, alone)]
+        for got, want in zip(*leaves, strict=True):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
