@@ -32,8 +32,19 @@ Evaluated and saved personal models: alpha v_k + (1 - alpha) w_T, with the
 final server model (`FederatedAlgorithm.personal_models`). alpha is the
 traced hyperparameter 'apfl_alpha' (a sweep varies it without recompiling);
 alpha = 0 is FedAvg's model for everyone, alpha = 1 trains v_k on its own
-(local models). APFL's adaptive alpha (a gradient step on alpha per client)
-is not implemented.
+(local models).
+
+Adaptive alpha (APFL's section 3.1, `alpha_lr` > 0): each client keeps its
+own alpha_k (stateful like v_k, all alpha_k^0 = 'apfl_alpha') and steps it
+with the same minibatch at every local step, from the step's (v, w):
+
+    alpha <- clip(alpha - alpha_lr <v - w, grad F_k(alpha v + (1 - alpha) w; xi)>, 0, 1),
+
+<v - w, grad F_k(v_bar)> being d/d alpha of F_k(v_bar). The personal model
+is then alpha_k v_k + (1 - alpha_k) w; the state's `clients` holds
+{'local': v_k, 'alpha': alpha_k}, and the round reports the cohort's mean
+alpha_k ('apfl_alpha_mean'). The thesis's comparison uses a fixed alpha (0.5,
+the code's default): `alpha_lr` = 0, the default.
 """
 
 from __future__ import annotations
@@ -53,11 +64,13 @@ from jaxfl.algorithms.fedavg import straggler_plan
 from jaxfl.algorithms.round_template import Cohort
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
+    client_rows,
+    initial_client_models,
     round_keys,
     select_cohort,
     train_client_rows,
 )
-from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss
+from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss, sgd_update
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params
 
@@ -78,9 +91,10 @@ def apfl(
     *,
     strategy: ClientStrategy,
     stragglers: float = 0.0,
+    alpha_lr: float = 0.0,
     name: str = "apfl",
 ) -> FederatedAlgorithm:
-    """APFL with a fixed mixing weight (module docstring).
+    """APFL with a fixed or adaptive mixing weight (module docstring).
 
     Args:
       global_algorithm: the server side, FedAvg's round (with the run's
@@ -93,45 +107,75 @@ def apfl(
       strategy: how the cohort's clients are laid out.
       stragglers: G's fraction of dropped stragglers (FedAvg's option): they
         do not step their v_k either.
+      alpha_lr: > 0: each client's alpha_k adapts with this step size
+        (module docstring); 0: one fixed alpha, 'apfl_alpha'.
       name: registry name.
 
     Returns:
       The `FederatedAlgorithm`; its state's `clients` holds the v_k, leaves
-      `[N, ...]`, and `personal_models(state)` the mixtures.
+      `[N, ...]` (with `alpha_lr`: {'local': v_k, 'alpha': `[N]` alpha_k}),
+      and `personal_models(state)` the mixtures.
 
     Raises:
-      ValueError: num_clients < 1 or G already takes 'apfl_alpha'.
+      ValueError: num_clients < 1, alpha_lr < 0 or G already takes 'apfl_alpha'.
     """
     if num_clients < 1:
         raise ValueError(f"apfl needs num_clients >= 1, got {num_clients}")
+    if not alpha_lr >= 0:
+        raise ValueError(f"apfl's alpha_lr must be >= 0, got {alpha_lr}")
+    adaptive = alpha_lr > 0
     alpha = APFL_HPARAM_DEFAULTS["apfl_alpha"]
-    init = init_with_client_models(global_algorithm, "apfl_alpha", alpha, num_clients, strategy)
+    init_models = init_with_client_models(global_algorithm, "apfl_alpha", alpha, num_clients, strategy)
+
+    def init(params: Params, hparams=None) -> ServerState:
+        state = init_models(params, hparams)
+        if not adaptive:
+            return state
+        alphas = initial_client_models(state.hparams["apfl_alpha"], num_clients, strategy)
+        return dataclasses.replace(state, clients={"local": state.clients, "alpha": alphas})
+
     defaults = {**global_algorithm.hparam_defaults, **APFL_HPARAM_DEFAULTS}
     dropped = straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
 
+    def joint_objective(params, batch, valid, key):
+        # d/dv of F(alpha v + (1 - alpha) w) is alpha grad F at the mixture, d/d alpha is
+        # <v - w, grad F> there; w gets only its own gradient (the mixture's w is held fixed).
+        own = minibatch_loss(task, params["global"], batch, valid, key)
+        mixed = mixture(params["alpha"], params["local"], jax.lax.stop_gradient(params["global"]))
+        mixed_loss = minibatch_loss(task, mixed, batch, valid, key)
+        return own + mixed_loss, mixed_loss
+
+    def adaptive_step(hparams):
+        def step(params, batch, valid, key):
+            (_, loss), grads = jax.value_and_grad(joint_objective, has_aux=True)(params, batch, valid, key)
+            models = sgd_update(
+                {"global": params["global"], "local": params["local"]},
+                {"global": grads["global"], "local": grads["local"]},
+                hparams,
+            )
+            new_alpha = jnp.clip(params["alpha"] - alpha_lr * grads["alpha"], 0.0, 1.0)
+            return {**models, "alpha": new_alpha}, loss
+
+        return step
+
     def client_fn(shared, client):
         server_params, population, hparams, alpha = shared
-
-        def joint_objective(params, batch, valid, key):
-            # d/dv of F(alpha v + (1 - alpha) w) is alpha grad F at the mixture; w gets only its own
-            # gradient (the mixture's w is held fixed).
-            own = minibatch_loss(task, params["global"], batch, valid, key)
-            mixed = mixture(alpha, params["local"], jax.lax.stop_gradient(params["global"]))
-            mixed_loss = minibatch_loss(task, mixed, batch, valid, key)
-            return own + mixed_loss, mixed_loss
-
+        start = client["start"]
+        if adaptive:
+            params = {"global": server_params, "local": start["local"], "alpha": start["alpha"]}
+            hooks = {"step": adaptive_step(hparams)}
+        else:
+            params = {"global": server_params, "local": start}
+            hooks = {"objective": lambda p, *args: joint_objective({**p, "alpha": alpha}, *args)}
         result = local_sgd(
-            task,
-            {"global": server_params, "local": client["start"]},
-            population,
-            client["id"],
-            client["key"],
-            hparams,
-            local,
-            active=client["active"],
-            objective=joint_objective,
+            task, params, population, client["id"], client["key"], hparams, local,
+            active=client["active"], **hooks,
         )
-        return {"params": result.params["local"], "loss": result.mean_batch_loss}
+        if adaptive:
+            row = {"local": result.params["local"], "alpha": result.params["alpha"]}
+        else:
+            row = result.params["local"]
+        return {"params": row, "loss": result.mean_batch_loss}
 
     def round_fn(
         state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
@@ -152,11 +196,21 @@ def apfl(
         # Over the clients that stepped (dropped stragglers report no loss).
         personal_loss = jnp.sum(jnp.where(active, trained["loss"], 0.0)) / jnp.maximum(jnp.sum(active), 1)
         metrics = {**metrics, "personal_train_loss": personal_loss}
+        if adaptive:
+            cohort_alpha = client_rows(local_models, cohort.client_ids)["alpha"]
+            metrics["apfl_alpha_mean"] = jnp.mean(cohort_alpha)
         return dataclasses.replace(new_state, clients=local_models), metrics
 
     def personal_models(state: ServerState) -> Params:
         global_model = jax.tree.map(lambda leaf: leaf[None], state.params)
-        return mixture(state.hparams["apfl_alpha"], state.clients, global_model)
+        if not adaptive:
+            return mixture(state.hparams["apfl_alpha"], state.clients, global_model)
+        local_models, alphas = state.clients["local"], state.clients["alpha"]
+        return jax.tree.map(
+            lambda v, w: mixture(alphas.reshape(alphas.shape + (1,) * (v.ndim - 1)), v, w),
+            local_models,
+            global_model,
+        )
 
     return FederatedAlgorithm(
         name=name, init=init, round=round_fn, hparam_defaults=defaults, personal_models=personal_models

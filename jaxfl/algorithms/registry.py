@@ -363,6 +363,7 @@ def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
         engine.num_clients,
         strategy=engine.strategy,
         stragglers=options["stragglers"],
+        alpha_lr=options["apfl_alpha_lr"],
     )
 
 
@@ -371,7 +372,7 @@ SPECS["apfl"] = AlgorithmSpec(
     "APFL (Deng et al. 2020; thesis 5.5): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
     hparams=("apfl_alpha",),
-    options={"stragglers": 0.0},
+    options={"stragglers": 0.0, "apfl_alpha_lr": 0.0},
 )
 
 def _build_perfedavg(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:

@@ -216,6 +216,10 @@ class RunConfig:
         0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
         "model; 1: local models)", low=0.0, high=1.0,
     )
+    apfl_alpha_lr: float = _field(
+        0.0, "apfl: > 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, "
+        "starting at --apfl-alpha); 0: one fixed alpha, as the thesis compares it", low=0.0,
+    )
     perfedavg_alpha: float = _field(
         0.01, "perfedavg: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML objective "
         "trains for (and that makes each client's personal model after training)", low=0.0, low_open=True,

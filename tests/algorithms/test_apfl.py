@@ -48,8 +48,11 @@ def build(strategy="vmap"):
     return apfl(fedavg(TASK, LOCAL, M, strategy=layout), TASK, LOCAL, M, N, strategy=layout)
 
 
-def joint_steps_reference(w, v, data, orders, alpha):
-    """One client's APFL local steps by hand, float64: ((w kernel, bias), (v kernel, bias))."""
+def joint_steps_reference(w, v, data, orders, alpha, alpha_lr=0.0):
+    """One client's APFL local steps by hand, float64: ((w kernel, bias), (v kernel, bias), alpha).
+
+    With `alpha_lr`, alpha steps by <v - w, grad F(mixture)> at each step's (v, w), clipped to [0, 1].
+    """
     (wk, wb), (vk, vb) = w, v
     count = len(data["y"])
     for epoch in range(LOCAL.num_epochs):
@@ -61,32 +64,38 @@ def joint_steps_reference(w, v, data, orders, alpha):
             gmk, gmb, _ = softmax_regression_grad(
                 alpha * vk + (1 - alpha) * wk, alpha * vb + (1 - alpha) * wb, x, y
             )
+            alpha_grad = np.sum((vk - wk) * gmk) + np.sum((vb - wb) * gmb)
             wk, wb = wk - LR * gwk, wb - LR * gwb
             vk, vb = vk - LR * alpha * gmk, vb - LR * alpha * gmb
-    return (wk, wb), (vk, vb)
+            alpha = float(np.clip(alpha - alpha_lr * alpha_grad, 0.0, 1.0))
+    return (wk, wb), (vk, vb), alpha
 
 
-def apfl_reference(w0, num_rounds, alpha):
+def apfl_reference(w0, num_rounds, alpha, alpha_lr=0.0):
     kernel = np.array(w0["dense"]["kernel"], np.float64)
     bias = np.array(w0["dense"]["bias"], np.float64)
     v_kernel, v_bias = np.repeat(kernel[None], N, axis=0), np.repeat(bias[None], N, axis=0)
+    alphas = np.full(N, alpha)
     counts = np.asarray(POPULATION.counts)
     for r in range(num_rounds):
         keys = round_keys(KEY, jnp.int32(r))
         ids = np.asarray(_sample_cohort(keys.sampling, POPULATION, M))
         updates = []
         for i in ids:
-            (wk, wb), (v_kernel[i], v_bias[i]) = joint_steps_reference(
+            (wk, wb), (v_kernel[i], v_bias[i]), alphas[i] = joint_steps_reference(
                 (kernel, bias),
                 (v_kernel[i], v_bias[i]),
                 POPULATION.client(int(i)),
                 client_orders(keys, i),
-                alpha,
+                alphas[i],
+                alpha_lr,
             )
             updates.append((wk - kernel, wb - bias))
         weights = counts[ids] / counts[ids].sum()
         kernel = kernel + sum(w * u[0] for w, u in zip(weights, updates, strict=True))
         bias = bias + sum(w * u[1] for w, u in zip(weights, updates, strict=True))
+    if alpha_lr:
+        return kernel, bias, v_kernel, v_bias, alphas
     return kernel, bias, v_kernel, v_bias
 
 
@@ -105,6 +114,27 @@ def test_apfl_matches_numpy_loop(alpha):
         personal["dense"]["kernel"], alpha * v_kernel + (1 - alpha) * kernel[None], rtol=1e-4, atol=1e-5
     )
     assert all(np.isfinite(m["personal_train_loss"]) for m in metrics)
+
+
+def test_adaptive_alpha_matches_numpy_loop():
+    layout = ClientStrategy("vmap")
+    algorithm = apfl(
+        fedavg(TASK, LOCAL, M, strategy=layout), TASK, LOCAL, M, N, strategy=layout, alpha_lr=2.0
+    )
+    state = algorithm.init(initial_params(), {"lr": LR, "apfl_alpha": 0.5})
+    state, metrics = run_rounds(algorithm, state, 4, KEY)
+    kernel, bias, v_kernel, v_bias, alphas = apfl_reference(initial_params(), 4, 0.5, alpha_lr=2.0)
+    np.testing.assert_allclose(state.params["dense"]["kernel"], kernel, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.clients["local"]["dense"]["kernel"], v_kernel, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.clients["local"]["dense"]["bias"], v_bias, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.clients["alpha"], alphas, rtol=1e-4, atol=1e-5)
+    # The alphas moved, apart (not one shared value), and clients never sampled kept alpha^0.
+    trained = alphas != 0.5
+    assert trained.any() and len(set(np.round(alphas[trained], 4))) > 1
+    personal = algorithm.personal_models(state)
+    mixed = alphas[:, None, None] * v_kernel + (1 - alphas[:, None, None]) * kernel[None]
+    np.testing.assert_allclose(personal["dense"]["kernel"], mixed, rtol=1e-4, atol=1e-5)
+    assert 0.0 <= metrics[-1]["apfl_alpha_mean"] <= 1.0
 
 
 def test_apfl_global_model_is_fedavgs_bit_for_bit():
