@@ -656,7 +656,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=None, help="evaluate every this many rounds "
                         "(default: only at the end; 500 personal models: ~1 min per evaluation here)")
     parser.add_argument("--lam", type=float, default=1.0,
-                        help="Ditto's λ, fixed (dynamic λ is not implemented)")
+                        help="Ditto's fixed λ (without --dynamic-lam)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the runs (and of the corrupted devices)")
     parser.add_argument("--dynamic-lam", action="store_true",
                         help="Ditto with the thesis's dynamic λ (section 5.3: candidates 0.1,1,2, or "
