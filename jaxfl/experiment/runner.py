@@ -1079,7 +1079,8 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     """Puts a carry (fresh or restored from host arrays) where the round expects it (`place_state`)."""
     state, health = carry
     strategy = run_setup.engine.strategy
-    clients = state.clients if is_on_host(state.clients) else jax.device_put(state.clients)
+    # Host-resident rows stay NumPy (`shard_rows` copies them); restored rows are host arrays either way.
+    clients = state.clients if strategy.host_client_state else jax.device_put(state.clients)
     state = dataclasses.replace(jax.device_put(dataclasses.replace(state, clients=())), clients=clients)
     return place_state(state, strategy), strategy.replicate(jax.device_put(health))
 
@@ -1123,7 +1124,7 @@ def run_algorithm(
     start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
     history: list[dict[str, Any]] = list(meta["history"]) if meta else []
     client_state = None
-    if is_on_host(carry[0].clients):
+    if strategy.host_client_state and jax.tree.leaves(carry[0].clients):
         client_state = HostClientState(
             run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=strategy.replicate
         )

@@ -210,3 +210,18 @@ def test_auto_keeps_personal_models_on_the_host_only_where_even_split_they_are_s
     assert chosen(1) == "split"  # On CPU the host's memory is the devices': never 'host'.
     named = make_config({"algorithm": "ditto", "client_state": "host"})
     assert choose_client_state(named, sharded, 8, 1000).host_client_state
+
+
+@pytest.mark.parametrize("strategy", [DEVICE, HOST], ids=["device", "host"])
+def test_a_restored_carry_goes_where_the_strategy_keeps_client_rows(strategy):
+    # A checkpoint restores host arrays whatever the layout: only `host_client_state` keeps them there.
+    from types import SimpleNamespace
+
+    from jaxfl.experiment.health import initial_health
+
+    algorithm = build("ditto", DEVICE)
+    restored = jax.device_get((algorithm.init(initial_params(), {"lr": 0.1}), initial_health()))
+    assert is_on_host(restored[0].clients)
+    state, _ = runner.place_carry(SimpleNamespace(engine=SimpleNamespace(strategy=strategy)), restored)
+    assert is_on_host(state.clients) == strategy.host_client_state
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state.params))
