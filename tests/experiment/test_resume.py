@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from reference import TINY_LABEL_SHIFT
+from reference import TINY_LABEL_SHIFT, csv_rows
 
 from jaxfl.cli import main
 from jaxfl.experiment import runner
@@ -76,48 +76,63 @@ def _interrupt(monkeypatch, argv, calls, number=signal.SIGINT):
     return status
 
 
+def _uninterrupted(tmp_path_factory, layout):
+    out = tmp_path_factory.mktemp("reference") / layout
+    assert main(["run", *BASE, "--algorithm", "fedavg", "--strategy", layout, "--out", str(out)]) == 0
+    return out
+
+
+# The reference runs, one per layout; apart, so that a worker of `pytest -n` runs only those its
+# tests use.
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The reference runs, one per layout."""
-    root = tmp_path_factory.mktemp("reference")
-    outs = {}
-    for layout in ("vmap", "sharded"):
-        outs[layout] = root / layout
-        argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", layout, "--out", str(outs[layout])]
-        assert main(argv) == 0
-    return outs
+def uninterrupted_vmap(tmp_path_factory):
+    return _uninterrupted(tmp_path_factory, "vmap")
 
 
-@pytest.mark.parametrize("layout", ["vmap", "sharded"])
-def test_resume_after_sigint_at_random_rounds_is_bitwise_identical(
-    layout, uninterrupted, tmp_path, monkeypatch, capsys
+@pytest.fixture(scope="module")
+def uninterrupted_sharded(tmp_path_factory):
+    return _uninterrupted(tmp_path_factory, "sharded")
+
+
+# The vmap layout is stopped by SIGINT in test_resume_from_the_state_kill_9_leaves (the state
+# it leaves, then cut as kill -9 would): a second vmap stop here added 5 s and nothing else.
+def test_resume_after_sigint_at_random_rounds_is_bitwise_identical_sharded(
+    uninterrupted_sharded, tmp_path, monkeypatch, capsys
 ):
-    rng = np.random.default_rng(11 if layout == "vmap" else 12)
+    rng = np.random.default_rng(12)
     # Sharded rounds run 2 per call here (8 CPU devices): 4 calls in all. One
-    # stop per layout keeps the suite short; the kill tests add more.
+    # stop keeps the suite short; the kill tests add more.
     for stop_after in rng.choice(np.arange(1, 4), size=1):
         out = tmp_path / f"stopped-{stop_after}"
-        argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", layout, "--out", str(out)]
+        argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", "sharded", "--out", str(out)]
         assert _interrupt(monkeypatch, argv, int(stop_after)) == 130
-        err = capsys.readouterr().err
-        assert f"jaxfl run --resume {out}" in err and err.count("\n") == 1
-        marker = json.loads((out.parent / (out.name + ".partial") / MARKER).read_text())
-        assert marker["status"] == "interrupted" and marker["round"] > 0
-        assert not out.exists()
+        marker = _assert_stopped_by_sigint(out, capsys)
         assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-        assert _files(out) == _files(uninterrupted[layout])
-        _assert_same_params(_params(out), _params(uninterrupted[layout]))
+        assert _files(out) == _files(uninterrupted_sharded)
+        _assert_same_params(_params(out), _params(uninterrupted_sharded))
         timing = json.loads((out / "timing.json").read_text())
         assert timing["resumed_from_round"] == marker["round"]
         assert not (out / "checkpoints").exists()
 
 
-def test_resume_from_the_state_kill_9_leaves(uninterrupted, tmp_path, monkeypatch):
-    # kill -9 between checkpoints: the latest checkpoint never written,
-    # evaluation records past the last one, and a half-written line.
+def _assert_stopped_by_sigint(out, capsys):
+    """One line saying how to resume, an 'interrupted' marker past round 0, nothing at `out`."""
+    err = capsys.readouterr().err
+    assert f"jaxfl run --resume {out}" in err and err.count("\n") == 1
+    marker = json.loads((out.parent / (out.name + ".partial") / MARKER).read_text())
+    assert marker["status"] == "interrupted" and marker["round"] > 0
+    assert not out.exists()
+    return marker
+
+
+def test_resume_from_the_state_kill_9_leaves(uninterrupted_vmap, tmp_path, monkeypatch, capsys):
+    # A SIGINT stop of the vmap layout, checked as such; then its state cut as kill -9 between
+    # checkpoints leaves it: the latest checkpoint never written, evaluation records past the
+    # last one, and a half-written line.
     out = tmp_path / "killed"
     argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", "vmap", "--out", str(out)]
     assert _interrupt(monkeypatch, argv, 5) == 130
+    assert _assert_stopped_by_sigint(out, capsys)["round"] == 6
     staging = out.parent / (out.name + ".partial")
     checkpoints = sorted(int(p.name) for p in (staging / "checkpoints").iterdir() if p.name.isdigit())
     assert checkpoints == [4, 6]  # Stopped at round 6; two kept.
@@ -128,40 +143,34 @@ def test_resume_from_the_state_kill_9_leaves(uninterrupted, tmp_path, monkeypatc
     with (staging / "metrics.jsonl").open("a") as f:
         f.write('{"algorithm": "fedavg", "round": 8, "round_me')
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-    assert _files(out) == _files(uninterrupted["vmap"])
-    _assert_same_params(_params(out), _params(uninterrupted["vmap"]))
+    assert _files(out) == _files(uninterrupted_vmap)
+    _assert_same_params(_params(out), _params(uninterrupted_vmap))
+    assert json.loads((out / "timing.json").read_text())["resumed_from_round"] == 4
+    assert not (out / "checkpoints").exists()
 
 
-def test_several_algorithms_resume_the_unfinished_one(tmp_path, monkeypatch):
-    argv = ["--algorithm", "fedavg,deltafl", "--strategy", "vmap"]
+def test_several_algorithms_resume_the_unfinished_one_a_dp_one_with_its_privacy_spent(tmp_path, monkeypatch):
+    # One run for both: the unfinished algorithm is the DP one (a run of its own each cost 15 s).
+    argv = ["--algorithm", "deltafl,dp-fedavg", "--epsilon", "8", "--strategy", "vmap"]
     reference = tmp_path / "reference"
     assert main(["run", *BASE, *argv, "--out", str(reference)]) == 0
     out = tmp_path / "stopped"
-    # fedavg finishes (8 calls of one round), deltafl stops after three.
-    assert _interrupt(monkeypatch, ["run", *BASE, *argv, "--out", str(out)], 11) == 130
-    marker = json.loads((tmp_path / "stopped.partial" / MARKER).read_text())
-    assert marker["algorithm"] == "deltafl"
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-    assert _files(out) == _files(reference)
-    for name in ("fedavg", "deltafl"):
-        _assert_same_params(_params(out, name), _params(reference, name))
-
-
-def test_dp_run_resumes_with_its_privacy_spent(tmp_path, monkeypatch):
-    argv = ["--algorithm", "dp-fedavg", "--epsilon", "8", "--strategy", "vmap"]
-    reference = tmp_path / "reference"
-    assert main(["run", *BASE, *argv, "--out", str(reference)]) == 0
-    out = tmp_path / "stopped"
-    assert _interrupt(monkeypatch, ["run", *BASE, *argv, "--out", str(out)], 2) == 130
+    # deltafl finishes (8 calls of one round), dp-fedavg stops after three.
+    assert _interrupt(monkeypatch, ["run", *BASE, *argv, "--out", str(out)], 10) == 130
     staging = tmp_path / "stopped.partial"
-    latest = max(int(p.name) for p in (staging / "checkpoints").iterdir() if p.name.isdigit())
-    meta = json.loads((staging / "checkpoints" / str(latest) / "meta" / "metadata").read_text())
+    marker = json.loads((staging / MARKER).read_text())
+    assert marker["algorithm"] == "dp-fedavg"
+    checkpoints = staging / "dp-fedavg" / "checkpoints"
+    latest = max(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+    meta = json.loads((checkpoints / str(latest) / "meta" / "metadata").read_text())
     assert meta["privacy_spent"]["rounds"] == latest
-    assert meta["privacy_spent"]["epsilon"] < json.loads((reference / "summary.json").read_text())[
-        "privacy"]["epsilon"]
+    spent = json.loads((reference / "dp-fedavg" / "summary.json").read_text())["privacy"]["epsilon"]
+    assert meta["privacy_spent"]["epsilon"] < spent
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     assert _files(out) == _files(reference)
-    assert json.loads((out / "summary.json").read_text())["privacy"]["rounds"] == 8
+    for name in ("deltafl", "dp-fedavg"):
+        _assert_same_params(_params(out, name), _params(reference, name))
+    assert json.loads((out / "dp-fedavg" / "summary.json").read_text())["privacy"]["rounds"] == 8
 
 
 def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
@@ -169,6 +178,12 @@ def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
     argv = [*BASE, "--algorithm", "deltafl", "--strategy", "vmap", *grid]
     reference = tmp_path / "reference"
     assert main(["sweep", *argv, "--out", str(reference)]) == 0
+    # The CLI's rows: one per point of the grid.
+    rows = csv_rows(reference / "results.csv")
+    assert len(rows) == 4
+    assert {(r["theta"], r["batch_size"]) for r in rows} == {
+        (t, b) for t in ("0.3", "0.7") for b in ("5", "10")
+    }
     out = tmp_path / "stopped"
     # The first outer group (batch_size=5) finishes in 8 calls; the second stops at round 3.
     assert _interrupt(monkeypatch, ["sweep", *argv, "--out", str(out)], 11) == 130
@@ -178,18 +193,21 @@ def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
     assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
     assert _files(out) == _files(reference)
 
-
-def test_a_point_config_reruns_as_a_single_run_without_the_sweeps_out(tmp_path):
-    out = tmp_path / "sweep"
-    argv = [*BASE, "--algorithm", "deltafl", "--strategy", "vmap", "--grid", "theta=0.3,0.7"]
-    assert main(["sweep", *argv, "--out", str(out)]) == 0
-    config = json.loads((out / "points" / "001" / "config.json").read_text())
-    assert config["out"] is None and config["theta"] == 0.7 and config["algorithm"] == "deltafl"
+    # A point's config (the second point of the second group, resumed above) reruns as a single
+    # run, without the sweep's out, and reproduces the point's model and summary (test_sweep.py
+    # checks points of other hyperparameters and seeds against their single runs).
+    for sweep in (reference, out):
+        config = json.loads((sweep / "points" / "003" / "config.json").read_text())
+        assert config["out"] is None and config["algorithm"] == "deltafl"
+        assert (config["theta"], config["batch_size"]) == (0.7, 10)
+    point = out / "points" / "003"
     single = tmp_path / "single"
-    assert main(["run", "--config", str(out / "points" / "001" / "config.json"), "--out", str(single)]) == 0
-    point = json.loads((out / "points" / "001" / "summary.json").read_text())
+    assert main(["run", "--config", str(point / "config.json"), "--out", str(single)]) == 0
+    for x, y in zip(_params(single), _params(point), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    swept = json.loads((point / "summary.json").read_text())
     alone = json.loads((single / "summary.json").read_text())
-    assert alone["test_error"]["mean"] == pytest.approx(point["test_error"]["mean"], abs=1e-6)
+    assert alone["test_error"]["mean"] == pytest.approx(swept["test_error"]["mean"], abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -207,12 +225,12 @@ def test_resume_takes_no_other_settings(argv, words, tmp_path, capsys):
         assert word in err
 
 
-def test_resume_refuses_what_cannot_be_resumed(uninterrupted, tmp_path, capsys):
+def test_resume_refuses_what_cannot_be_resumed(uninterrupted_vmap, tmp_path, capsys):
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
     assert "no unfinished run" in capsys.readouterr().err
-    assert main(["run", "--resume", str(uninterrupted["vmap"])]) == 2
+    assert main(["run", "--resume", str(uninterrupted_vmap)]) == 2
     assert "finished" in capsys.readouterr().err
-    assert main(["sweep", "--resume", str(uninterrupted["vmap"])]) == 2
+    assert main(["sweep", "--resume", str(uninterrupted_vmap)]) == 2
     capsys.readouterr()
 
 
@@ -252,25 +270,39 @@ def uninterrupted_process(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_a_real_process_killed_then_resumed(how, uninterrupted_process, tmp_path):
-    out = tmp_path / "killed"
-    process = _spawn([*KILLED, "--out", str(out)])
-    staging = tmp_path / "killed.partial"
-    at_least = int(np.random.default_rng(3 if how == "SIGKILL" else 4).integers(10, 100))
+def _signal_after_checkpoint(process, staging, at_least, number):
+    """`number` sent once a checkpoint of round >= `at_least` exists; the process's stderr."""
     _wait_for_checkpoint(staging, at_least, process)
-    process.send_signal(getattr(signal, how))
+    process.send_signal(number)
     _, err = process.communicate(timeout=120)
     if process.returncode == 0:
         pytest.skip("the run finished before the signal arrived")
-    if how == "SIGTERM":
-        assert process.returncode == 143, err
-        assert "--resume" in err
-        assert json.loads((staging / MARKER).read_text())["status"] == "interrupted"
-    else:
-        assert process.returncode == -signal.SIGKILL
-        assert json.loads((staging / MARKER).read_text())["status"] == "running"
+    return err
+
+
+@pytest.mark.slow
+def test_a_real_process_terminated_then_killed_then_resumed(uninterrupted_process, tmp_path):
+    # One chain for both signals (a fresh run each cost 14-16 s): SIGTERM on a fresh process,
+    # SIGKILL on the process that resumed it, and a last process resumes what that left.
+    out = tmp_path / "killed"
+    staging = tmp_path / "killed.partial"
+    process = _spawn([*KILLED, "--out", str(out)])
+    at_least = int(np.random.default_rng(4).integers(10, 100))
+    err = _signal_after_checkpoint(process, staging, at_least, signal.SIGTERM)
+    assert process.returncode == 143, err
+    assert "--resume" in err
+    marker = json.loads((staging / MARKER).read_text())
+    assert marker["status"] == "interrupted"
+
+    # SIGKILL past a checkpoint of the resumed process's own (one at least 10 rounds before the end).
+    at_least = max(int(np.random.default_rng(3).integers(10, 100)), marker["round"] + 10)
+    if at_least > 190:
+        pytest.skip("the SIGTERM arrived too late to leave the resumed run a checkpoint")
+    resumed = _spawn(["run", "--resume", str(out), "--no-progress"])
+    _signal_after_checkpoint(resumed, staging, at_least, signal.SIGKILL)
+    assert resumed.returncode == -signal.SIGKILL
+    assert json.loads((staging / MARKER).read_text())["status"] == "running"
+
     resumed = _spawn(["run", "--resume", str(out), "--no-progress"])
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
