@@ -192,6 +192,8 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                 writer = csv.DictWriter(f, fieldnames=columns)
                 writer.writeheader()
                 writer.writerows(rows)
+            # Each group removed its own; the folder that held them goes too, as a single run's does.
+            shutil.rmtree(staging / CHECKPOINTS, ignore_errors=True)
             output.commit("diverged" if diverged else "finished")
     except RunInterrupted as stop:
         if output is not None:

@@ -192,6 +192,7 @@ def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
     assert not (staging / "points" / "002" / "summary.json").exists()
     assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
     assert _files(out) == _files(reference)
+    assert not (out / "checkpoints").exists() and not (reference / "checkpoints").exists()
 
     # A point's config (the second point of the second group, resumed above) reruns as a single
     # run, without the sweep's out, and reproduces the point's model and summary (test_sweep.py
