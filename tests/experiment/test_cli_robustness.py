@@ -4,6 +4,7 @@ summaries, bad combinations refused in one line."""
 
 import csv
 import json
+import signal
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from reference import TINY_LABEL_SHIFT, assert_cli_refuses
 from jaxfl.cli import main
 from jaxfl.data.registry import load_dataset
 from jaxfl.data.splits import split_client_examples
+from jaxfl.experiment import runner
 
 TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3", "--no-progress"]
 
@@ -108,7 +110,19 @@ def test_a_cached_host_population_can_be_split_and_poisoned():
         np.testing.assert_array_equal(poisoned.train.client(i)["x"], split.train.client(i)["x"])
 
 
-def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
+class StopAfter:
+    """A SIGINT request seen after `calls` reads (one per compiled call)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    @property
+    def signal(self):
+        self.calls -= 1
+        return signal.SIGINT if self.calls < 0 else None
+
+
+def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
     # lambda is a traced hyperparameter: a grid over it is one compiled sweep,
     # each point (personal models included) equal to its single run up to
     # float rounding; the corrupted clients are the base seed's.
@@ -117,7 +131,15 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
         "--attack", "sign-flip",
     ]  # fmt: skip
     assert main(["sweep", *common, "--grid", "lam=0,2", "--out", str(tmp_path / "sweep")]) == 0
-    assert main(["run", *common, "--lam", "2", "--out", str(tmp_path / "single")]) == 0
+    # The single run keeps its personal models in host memory, and is stopped after round 2 and resumed
+    # from its checkpoint (which holds the host rows): still the sweep point's models.
+    single = ["run", *common, "--lam", "2", "--client-state", "host", "--checkpoint-every", "1"]
+    request = StopAfter(1)
+    monkeypatch.setattr(runner, "current_request", lambda: request)
+    assert main([*single, "--out", str(tmp_path / "single")]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(tmp_path / "single"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "single" / "timing.json").read_text())["resumed_from_round"] == 2
     capsys.readouterr()
     with (tmp_path / "sweep" / "results.csv").open() as f:
         rows = {r["lam"]: r for r in csv.DictReader(f)}
@@ -130,7 +152,7 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys):
     np.testing.assert_allclose(float(per_client["personal_test_error_mean"]), np.mean(benign), rtol=1e-5)
     rows = {float(k): r for k, r in rows.items()}
     single = json.loads((tmp_path / "single" / "summary.json").read_text())
-    assert single["attack"]["corrupted_clients"] == 8
+    assert single["attack"]["corrupted_clients"] == 8 and single["client_state"] == "host"
     for key in ("test_error", "personal_test_error"):
         column = f"{key}_mean"
         np.testing.assert_allclose(float(rows[2.0][column]), single[key]["mean"], rtol=1e-4, atol=1e-5)

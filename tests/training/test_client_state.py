@@ -2,15 +2,13 @@
 
 The cohort's rows gathered on the host before each round and written back
 after it must give the device-resident state's models bit for bit (clients
-sampled in consecutive rounds included), the personal evaluation in blocks
-the whole-population one, and a run stopped and resumed from the CLI the
-uninterrupted device run's files.
+sampled in consecutive rounds included), and the personal evaluation in
+blocks the whole-population one. From the CLI, a host run stopped and
+resumed is checked against a sweep point in
+tests/experiment/test_cli_robustness.py.
 """
 
-import csv
 import dataclasses
-import json
-import signal
 
 import jax
 import numpy as np
@@ -22,11 +20,9 @@ from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
 from jaxfl.algorithms.ditto import ditto
 from jaxfl.algorithms.l2sgd import l2sgd
-from jaxfl.cli import main
 from jaxfl.data.host import HostPopulation
 from jaxfl.evaluation.per_client import host_personal_metrics, personal_client_metrics
 from jaxfl.experiment import runner
-from jaxfl.experiment.saved_model import load_model
 from jaxfl.training import ClientStrategy
 from jaxfl.training.client_state import (
     GatheredClientRows,
@@ -127,48 +123,6 @@ def test_l2sgd_refuses_host_rows():
     state = HostClientState(KEY, N, M).gather(state, 0)
     with pytest.raises(ValueError, match="l2sgd averages all N personal models"):
         algorithm.round(state, POPULATION, KEY)
-
-
-BASE = [
-    *TINY_LABEL_SHIFT, "--algorithm", "ditto", "--lam", "0.5", "--client-split", "0.25",
-    "--rounds", "6", "--clients-per-round", "5", "--eval-every", "2", "--checkpoint-every", "2",
-    "--no-progress",
-]  # fmt: skip
-
-
-class StopAfter:
-    """A SIGINT request seen after `calls` reads (one per compiled call)."""
-
-    def __init__(self, calls):
-        self.calls = calls
-
-    @property
-    def signal(self):
-        self.calls -= 1
-        return signal.SIGINT if self.calls < 0 else None
-
-
-def test_a_host_run_stopped_and_resumed_equals_the_device_run(tmp_path, monkeypatch, capsys):
-    device_out, host_out = tmp_path / "device", tmp_path / "host"
-    assert main(["run", *BASE, "--client-state", "replicated", "--out", str(device_out)]) == 0
-    request = StopAfter(3)
-    monkeypatch.setattr(runner, "current_request", lambda: request)
-    assert main(["run", *BASE, "--client-state", "host", "--out", str(host_out)]) == 130
-    monkeypatch.undo()
-    capsys.readouterr()
-    assert main(["run", "--resume", str(host_out), "--no-progress"]) == 0
-    assert json.loads((host_out / "timing.json").read_text())["resumed_from_round"] == 4
-    summaries = [json.loads((out / "summary.json").read_text()) for out in (device_out, host_out)]
-    assert [s.pop("client_state") for s in summaries] == ["replicated", "host"]
-    assert summaries[0] == summaries[1]
-    assert "personal_test_error" in summaries[1]
-    for name in ("clients.csv", "metrics.jsonl"):
-        assert (host_out / name).read_bytes() == (device_out / name).read_bytes(), name
-    with (host_out / "clients.csv").open() as f:
-        assert {"personal_error", "personal_loss"} <= set(next(csv.DictReader(f)))
-    saved = [load_model(out).personal for out in (device_out, host_out)]
-    for want, got in zip(*map(jax.tree.leaves, saved), strict=True):
-        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(
