@@ -1125,8 +1125,10 @@ def run_algorithm(
     history: list[dict[str, Any]] = list(meta["history"]) if meta else []
     client_state = None
     if strategy.host_client_state and jax.tree.leaves(carry[0].clients):
+        # Device arrays either way (`replicate` passes NumPy through off a mesh).
+        place = strategy.replicate if strategy.mesh is not None else jax.device_put
         client_state = HostClientState(
-            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=strategy.replicate
+            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
     fused = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
     train = training_input(run_setup, run_key, fused, first_round=start_round)
