@@ -188,10 +188,12 @@ def ditto(
         raise ValueError(f"ditto needs num_clients >= 1, got {num_clients}")
     def check_validation(validation, expected_clients):
         if validation is None or validation.num_clients != expected_clients:
+            given = "none" if validation is None else f"{validation.num_clients} clients"
             raise ValueError(
                 "dynamic lambda chooses on each client's own validation examples: it needs a validation "
-                f"population of the {num_clients} training clients (validation client k = training client "
-                "k), as `validation` or as the population's `held_out` (a gathered cohort's: its clients')"
+                f"population of {expected_clients} clients (validation client k = training client k; a "
+                "gathered cohort's own clients'), as `validation` or as the population's `held_out`, "
+                f"got {given}"
             )
 
     validation_given = validation is not None

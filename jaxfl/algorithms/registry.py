@@ -71,8 +71,6 @@ class Engine:
         choose on them during training (Ditto's dynamic lambda), or None.
         The runner gives them to the round as the training population's
         `held_out` (`jaxfl.experiment.runner.training_input`).
-        The runner gives them to the round as the training population's
-        `held_out` (`jaxfl.experiment.runner.training_input`).
     """
 
     task: Task

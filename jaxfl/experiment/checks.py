@@ -251,11 +251,12 @@ def check_round_fits(
         personal = client_state_nbytes(strategy, dataset.train.num_clients, num_parameters, name)
         if strategy.host_client_state:
             layout = "in host memory"
-            # The cohort's rows on the device, and a copy of them on the host.
+            # The cohort's rows on the device; the N rows in host memory (checked apart off CPU).
             needed += PERSONAL_MODEL_ALGORITHMS[name] * config.clients_per_round * num_parameters * 4
-            host_personal += personal
+            # The rows, and the copy a checkpoint makes of them while it writes.
+            host_personal += 2 * personal
             if resource == "memory":
-                needed += personal
+                needed += 2 * personal
         else:
             layout = "split over the devices" if strategy.shards_client_state else "replicated"
             needed += personal

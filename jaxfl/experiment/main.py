@@ -46,21 +46,30 @@ def write_result(directory: Path, config: RunConfig, result: RunResult, run_setu
     """The files of one finished (or diverged) algorithm's run, and its model.
 
     metrics.jsonl is rewritten from the history, so a resumed run's file is
-    byte for byte the uninterrupted run's.
+    byte for byte the uninterrupted run's. summary.json is written last:
+    it marks the algorithm finished (`read_result`), so a stop while the
+    model is saved resumes from the checkpoint and saves it again.
     """
     directory.mkdir(parents=True, exist_ok=True)
     write_json(directory / "config.json", config.to_dict())
     write_jsonl(directory / "metrics.jsonl", result.history)
     if result.clients:
         write_clients_csv(directory / "clients.csv", result.clients)
-    write_json(directory / "summary.json", result.summary)
     write_json(directory / "timing.json", result.timing)
     if result.state is not None:
-        save_model(
+        save_model_again(
             directory / MODEL_FOLDER, result.state.params, config, run_setup.dataset, result.algorithm,
             personal=saved_personal_models(run_setup.algorithms[result.algorithm], result.state),
         )
+    write_json(directory / "summary.json", result.summary)
+    if result.state is not None:
         shutil.rmtree(directory / CHECKPOINTS, ignore_errors=True)
+
+
+def save_model_again(directory: Path, *args, **kwargs) -> None:
+    """`save_model` into a folder that a stopped earlier attempt may have left half written."""
+    shutil.rmtree(directory, ignore_errors=True)
+    save_model(directory, *args, **kwargs)
 
 
 def read_result(directory: Path, name: str) -> RunResult:

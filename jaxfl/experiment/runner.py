@@ -9,6 +9,7 @@ and their summaries) is one more compiled function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -354,9 +355,13 @@ def setup(config: RunConfig) -> Setup:
     strategy = choose_strategy(config.strategy, num_parameters)
     strategy = choose_client_state(config, strategy, num_train, num_parameters)
     if strategy.host_client_state and "l2sgd" in config.algorithms:
+        advice = (
+            "--client-state auto chose host memory, as they fit the devices neither replicated nor split: "
+            "use fewer training clients" if config.client_state == "auto"
+            else "use --client-state replicated or split"
+        )
         raise ConfigError(
-            "l2sgd averages all N personal models every round, so they cannot live in host memory: "
-            "use --client-state replicated or split"
+            f"l2sgd averages all N personal models every round, so they cannot live in host memory; {advice}"
         )
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
@@ -555,11 +560,21 @@ def personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
         return algorithm.personal_models(state)
     if algorithm.personal_models is own_models:
         return HostPersonalModels(state.clients)
+    block_models = _block_personal_models.get(algorithm.personal_models)
+    if block_models is None:
+        # The state is an argument (not a constant of the program), and one compilation serves every
+        # evaluation and the save.
+        personal_models_of = algorithm.personal_models
+        block_models = jax.jit(
+            lambda device_part, rows: personal_models_of(dataclasses.replace(device_part, clients=rows))
+        )
+        _block_personal_models[algorithm.personal_models] = block_models
     device_part = dataclasses.replace(state, clients=())
-    to_models = jax.jit(
-        lambda rows: algorithm.personal_models(dataclasses.replace(device_part, clients=rows))
-    )
-    return HostPersonalModels(state.clients, to_models)
+    return HostPersonalModels(state.clients, functools.partial(block_models, device_part))
+
+
+# personal_models function -> its jitted (state without clients, block of rows) -> block's models.
+_block_personal_models: dict[Callable, Callable] = {}
 
 
 def saved_personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:

@@ -79,11 +79,12 @@ def save_model(
     personal = personal if personal is not None and jax.tree.leaves(personal) else None
     if personal is not None:
         num_clients = dataset.train.num_clients
-        personal = jax.tree.map(lambda rows: rows[:num_clients], to_host(personal))
+        # No copy of host-resident rows (N models): a view of the first N.
+        personal = jax.tree.map(lambda rows: np.asarray(rows)[:num_clients], jax.device_get(personal))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(directory / "params", to_host(params))
         if personal is not None:
-            checkpointer.save(directory / "personal", to_host(personal))
+            checkpointer.save(directory / "personal", personal)
     description = {
         "format": FORMAT_VERSION,
         "model": config.model,

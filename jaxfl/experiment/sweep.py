@@ -163,9 +163,13 @@ def batched_evaluator(run_setup: Setup) -> Callable:
 def check_client_state(run_setup: Setup, name: str) -> None:
     """A one-line ConfigError when a sweep of `name` would need host-resident personal models."""
     if run_setup.engine.strategy.host_client_state and name in PERSONAL_MODEL_ALGORITHMS:
+        why = (
+            "--client-state auto chose host memory, as the personal models fit the devices neither "
+            "replicated nor split" if run_setup.config.client_state == "auto" else "--client-state host"
+        )
         raise ConfigError(
-            f"a sweep of {name} keeps its points' personal models on the device: host-resident "
-            "client state (--client-state host) runs one setting at a time"
+            f"a sweep of {name} keeps its points' personal models on the device, but {why}: "
+            "run the settings one at a time, or with fewer training clients"
         )
 
 

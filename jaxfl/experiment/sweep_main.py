@@ -39,7 +39,13 @@ from jaxfl.experiment.config import FIELDS, ConfigError, RunConfig, check_value,
 from jaxfl.experiment.health import EXIT_DIVERGED
 from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
 from jaxfl.experiment.lambda_selection import select_lambda_per_client
-from jaxfl.experiment.main import CHECKPOINTS, read_result, truncate_metrics, warn_empty_rounds
+from jaxfl.experiment.main import (
+    CHECKPOINTS,
+    read_result,
+    save_model_again,
+    truncate_metrics,
+    warn_empty_rounds,
+)
 from jaxfl.experiment.outputs import (
     TABLE_COLUMNS,
     append_jsonl,
@@ -49,7 +55,7 @@ from jaxfl.experiment.outputs import (
 )
 from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import placement_line, saved_personal_models, setup
-from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
+from jaxfl.experiment.saved_model import MODEL_FOLDER
 from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, check_client_state, run_sweep
 
 # Settings that are traced in the round (vmapped) when the algorithm takes them.
@@ -297,13 +303,12 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
         warn_empty_rounds(f"point {first + offset}", result.summary)
         if directory is not None:
             write_jsonl(directory / "metrics.jsonl", result.history)
-            write_json(directory / "summary.json", result.summary)
             write_json(directory / "timing.json", result.timing)
             if result.clients:
                 write_clients_csv(directory / "clients.csv", result.clients)
             if not result.diverged:
                 # As a single run saves its model: the global one, and the personal ones if any.
-                save_model(
+                save_model_again(
                     directory / MODEL_FOLDER,
                     result.state.params,
                     point_config(config, name, {**static, **p}),
@@ -311,6 +316,8 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
                     name,
                     personal=saved_personal_models(run_setup.algorithms[name], result.state),
                 )
+            # Last: a group whose points all have one is finished (a resumed sweep reads it back).
+            write_json(directory / "summary.json", result.summary)
     if checkpoints is not None:
         shutil.rmtree(checkpoints.directory, ignore_errors=True)
     return results

@@ -68,8 +68,8 @@ class HostClientState:
     `gather(state, round_index)` returns the state the compiled round takes:
     its `clients` the `GatheredClientRows` of round `round_index`'s cohort
     (0-based, the state's round counter), placed by `place`;
-    `store(state, round_index)` writes the round's updated rows back into
-    the host arrays and returns the state with `clients` the host arrays
+    `store(state, host, round_index)` writes the round's updated rows back
+    into `host` (the arrays `gather` read) and returns the state with `clients` the host arrays
     again (what evaluation, checkpoints and saving read).
 
     Args:

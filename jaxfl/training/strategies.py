@@ -143,7 +143,11 @@ class ClientStrategy:
         `client_state_rows`.
         """
         if self.host_client_state:
-            return jax.tree.map(np.array, tree)  # A writable host copy (restored arrays may not be).
+            # Written in place every round: a copy only of arrays that are not writable (N models each).
+            def writable(rows):
+                return rows if isinstance(rows, np.ndarray) and rows.flags.writeable else np.array(rows)
+
+            return jax.tree.map(writable, tree)
         if not self.shards_client_state:
             return self.replicate(tree)
         spec = PartitionSpec(*([None] * row_axis), CLIENT_AXIS)

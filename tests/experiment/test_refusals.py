@@ -412,7 +412,7 @@ def test_sweep_points_and_perfedavgs_adapted_models_are_counted(tiny_setup):
 def test_a_sweep_whose_points_do_not_fit_together_is_refused(tmp_path, capsys):
     # One point fits; the group's 1,000 points of the same round do not.
     _refuses(
-        ["sweep", *TINY, "--algorithm", "fedavg", "--batch-size", "1000000", "--grid",
+        ["sweep", *TINY, "--algorithm", "fedavg", "--batch-size", "100000", "--grid",
          "lr=" + ",".join(f"{0.001 * (i + 1):.3f}" for i in range(1000))],
         ["1000 sweep points", "memory"], tmp_path, capsys,
     )

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
-from reference import TINY_LABEL_SHIFT, assert_cli_refuses
+from reference import TINY_LABEL_SHIFT, assert_cli_refuses, tiny_population
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
@@ -40,13 +40,20 @@ HOST = ClientStrategy("vmap", host_client_state=True)
 DEVICE = ClientStrategy("vmap")
 
 
+# Validation client k is training client k's (Ditto's dynamic lambda chooses on them).
+WITH_VALIDATION = dataclasses.replace(POPULATION, held_out=tiny_population([6, 2, 5, 4, 9, 3, 7, 5], seed=13))
+
+
 def build(name, strategy):
-    if name == "ditto":
-        return ditto(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
-    return apfl(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
+    inner = fedavg(TASK, LOCAL, M, strategy=strategy)
+    if name.startswith("ditto"):
+        dynamic = (0.1, 1.0, 3.0) if name == "ditto-dynamic" else ()
+        return ditto(inner, TASK, LOCAL, M, N, strategy=strategy, dynamic_lam=dynamic)
+    alpha_lr = 2.0 if name == "apfl-adaptive" else 0.0
+    return apfl(inner, TASK, LOCAL, M, N, strategy=strategy, alpha_lr=alpha_lr)
 
 
-def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4):
+def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4, population=POPULATION):
     """The runner's loop for host rows: gather, one compiled round, store back."""
     mover = HostClientState(key, N, M, rounds_ahead=rounds_ahead)
     traces = []
@@ -60,22 +67,23 @@ def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4):
         host = state.clients
         state = mover.gather(state, round_index)
         assert isinstance(state.clients, GatheredClientRows)
-        state, _ = round_fn(state, POPULATION, key)
+        state, _ = round_fn(state, population, key)
         state = mover.store(state, host, round_index)
     assert len(traces) == 1
     return state, mover
 
 
-@pytest.mark.parametrize("name", ["ditto", "apfl"])
+@pytest.mark.parametrize("name", ["ditto", "ditto-dynamic", "apfl", "apfl-adaptive"])
 def test_host_rows_give_the_device_models_bit_for_bit(name):
-    hparams = {"lr": 0.1, "lam": 0.5} if name == "ditto" else {"lr": 0.1, "apfl_alpha": 0.5}
+    hparams = {"lr": 0.1, "lam": 0.5} if name.startswith("ditto") else {"lr": 0.1, "apfl_alpha": 0.5}
     on_device = build(name, DEVICE)
-    expected, _ = run_rounds(on_device, on_device.init(initial_params(), hparams), ROUNDS, KEY)
+    start = on_device.init(initial_params(), hparams)
+    expected, _ = run_rounds(on_device, start, ROUNDS, KEY, population=WITH_VALIDATION)
     on_host = build(name, HOST)
     start = on_host.init(initial_params(), hparams)
     assert is_on_host(start.clients) and not is_on_host(expected.clients)
     # rounds_ahead=4: the cohorts come from two blocks of the sampler.
-    state, mover = run_on_host(on_host, start, ROUNDS, KEY)
+    state, mover = run_on_host(on_host, start, ROUNDS, KEY, population=WITH_VALIDATION)
     cohorts = [set(mover.cohort_ids(r).tolist()) for r in range(ROUNDS)]
     # Some client trains in consecutive rounds: its second round must start from its first's rows.
     assert any(a & b for a, b in zip(cohorts, cohorts[1:], strict=False))
@@ -94,7 +102,7 @@ def test_client_id_blocks_cover_every_client_with_one_shape():
         assert all(b.min() >= 0 and b.max() < num_clients for b in blocks)
 
 
-@pytest.mark.parametrize("name", ["ditto", "apfl"])
+@pytest.mark.parametrize("name", ["ditto", "apfl", "apfl-adaptive"])
 def test_block_evaluation_equals_the_whole_populations(name):
     hparams = {"lr": 0.1, "lam": 0.5} if name == "ditto" else {"lr": 0.1, "apfl_alpha": 0.3}
     algorithm = build(name, DEVICE)
@@ -130,7 +138,7 @@ def test_l2sgd_refuses_host_rows():
     [
         (["run", "--algorithm", "l2sgd", "--client-state", "host"], "cannot live in host memory"),
         (["sweep", "--algorithm", "ditto", "--client-state", "host", "--grid", "lam=0.1,1"],
-         "runs one setting at a time"),
+         "run the settings one at a time"),
     ],
 )  # fmt: skip
 def test_host_client_state_refusals(argv, message, tmp_path, capsys):
