@@ -122,3 +122,19 @@ TINY_LABEL_SHIFT = [
     "--dataset-option", "num_test_clients=20",
     "--dataset-option", "pool_size=20000",
 ]  # fmt: skip
+
+
+class StopAfter:
+    """A stop request (for `jaxfl.experiment.runner.current_request`) whose signal appears after `calls`
+    reads: one read per compiled call."""
+
+    def __init__(self, calls, number=None):
+        import signal
+
+        self.calls = calls
+        self.number = signal.SIGINT if number is None else number
+
+    @property
+    def signal(self):
+        self.calls -= 1
+        return self.number if self.calls < 0 else None

@@ -560,21 +560,18 @@ def personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
         return algorithm.personal_models(state)
     if algorithm.personal_models is own_models:
         return HostPersonalModels(state.clients)
-    block_models = _block_personal_models.get(algorithm.personal_models)
-    if block_models is None:
-        # The state is an argument (not a constant of the program), and one compilation serves every
-        # evaluation and the save.
-        personal_models_of = algorithm.personal_models
-        block_models = jax.jit(
-            lambda device_part, rows: personal_models_of(dataclasses.replace(device_part, clients=rows))
-        )
-        _block_personal_models[algorithm.personal_models] = block_models
     device_part = dataclasses.replace(state, clients=())
-    return HostPersonalModels(state.clients, functools.partial(block_models, device_part))
+    return HostPersonalModels(
+        state.clients, functools.partial(_block_personal_models, algorithm.personal_models, device_part)
+    )
 
 
-# personal_models function -> its jitted (state without clients, block of rows) -> block's models.
-_block_personal_models: dict[Callable, Callable] = {}
+@functools.partial(jax.jit, static_argnums=0)
+def _block_personal_models(personal_models_fn: Callable, device_part: ServerState, rows: Any) -> Any:
+    """`personal_models_fn` of a block of host rows; the state is an argument (not a constant of the
+    program), so one compilation serves every evaluation and the save.
+    """
+    return personal_models_fn(dataclasses.replace(device_part, clients=rows))
 
 
 def saved_personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
@@ -1094,7 +1091,7 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     """Puts a carry (fresh or restored from host arrays) where the round expects it (`place_state`)."""
     state, health = carry
     strategy = run_setup.engine.strategy
-    # Host-resident rows stay NumPy (`shard_rows` copies them); restored rows are host arrays either way.
+    # Host-resident rows stay NumPy (`shard_rows` keeps them there); restored rows are host arrays either way.
     clients = state.clients if strategy.host_client_state else jax.device_put(state.clients)
     state = dataclasses.replace(jax.device_put(dataclasses.replace(state, clients=())), clients=clients)
     return place_state(state, strategy), strategy.replicate(jax.device_put(health))

@@ -4,12 +4,11 @@ summaries, bad combinations refused in one line."""
 
 import csv
 import json
-import signal
 
 import jax
 import numpy as np
 import pytest
-from reference import TINY_LABEL_SHIFT, assert_cli_refuses
+from reference import TINY_LABEL_SHIFT, StopAfter, assert_cli_refuses
 
 from jaxfl.cli import main
 from jaxfl.data.registry import load_dataset
@@ -108,18 +107,6 @@ def test_a_cached_host_population_can_be_split_and_poisoned():
     assert changed[corrupted].all()  # Random labels over 10 classes change some of each.
     for i in range(12):
         np.testing.assert_array_equal(poisoned.train.client(i)["x"], split.train.client(i)["x"])
-
-
-class StopAfter:
-    """A SIGINT request seen after `calls` reads (one per compiled call)."""
-
-    def __init__(self, calls):
-        self.calls = calls
-
-    @property
-    def signal(self):
-        self.calls -= 1
-        return signal.SIGINT if self.calls < 0 else None
 
 
 def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):

@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from reference import TINY_LABEL_SHIFT, csv_rows
+from reference import TINY_LABEL_SHIFT, StopAfter, csv_rows
 
 from jaxfl.cli import main
 from jaxfl.experiment import runner
@@ -30,19 +30,6 @@ BASE = [
     "--no-progress", "--checkpoint-every", "2",
 ]
 RESULT_FILES = ("summary.json", "metrics.jsonl", "clients.csv", "config.json")
-
-
-class StopAfter:
-    """A stop request whose signal appears after `calls` reads (one read per compiled call)."""
-
-    def __init__(self, calls, number=signal.SIGINT):
-        self.calls = calls
-        self.number = number
-
-    @property
-    def signal(self):
-        self.calls -= 1
-        return self.number if self.calls < 0 else None
 
 
 def _files(folder):
