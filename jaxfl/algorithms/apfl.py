@@ -82,6 +82,15 @@ def mixture(alpha: jax.Array, local_model: Params, global_model: Params) -> Para
     return jax.tree.map(lambda v, w: alpha * v + (1.0 - alpha) * w, local_model, global_model)
 
 
+def client_mixtures(alphas: jax.Array, local_models: Params, global_model: Params) -> Params:
+    """Every client's alpha_k v_k + (1 - alpha_k) w: `alphas` `[N]`, `local_models` leaves `[N, ...]`."""
+    return jax.tree.map(
+        lambda v, w: mixture(alphas.reshape(alphas.shape + (1,) * (v.ndim - 1)), v, w[None]),
+        local_models,
+        global_model,
+    )
+
+
 def apfl(
     global_algorithm: FederatedAlgorithm,
     task: Task,
@@ -205,12 +214,7 @@ def apfl(
         global_model = jax.tree.map(lambda leaf: leaf[None], state.params)
         if not adaptive:
             return mixture(state.hparams["apfl_alpha"], state.clients, global_model)
-        local_models, alphas = state.clients["local"], state.clients["alpha"]
-        return jax.tree.map(
-            lambda v, w: mixture(alphas.reshape(alphas.shape + (1,) * (v.ndim - 1)), v, w),
-            local_models,
-            global_model,
-        )
+        return client_mixtures(state.clients["alpha"], state.clients["local"], state.params)
 
     return FederatedAlgorithm(
         name=name, init=init, round=round_fn, hparam_defaults=defaults, personal_models=personal_models

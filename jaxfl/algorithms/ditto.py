@@ -81,8 +81,8 @@ DITTO_HPARAM_DEFAULTS = {"lam": 1.0}
 MIN_VALIDATION_EXAMPLES = 4
 
 
-def lambda_candidates(text: str) -> tuple[float, ...]:
-    """Dynamic lambda's candidates from '0.1,1,2' ('' : none, a fixed lambda).
+def lambda_candidates(text: str, what: str = "dynamic lambda candidates") -> tuple[float, ...]:
+    """Dynamic lambda's candidates from '0.1,1,2' ('' : none, a fixed lambda); `what` names them in errors.
 
     Raises:
       ValueError: a value that is not a finite number >= 0, or one given twice.
@@ -94,15 +94,11 @@ def lambda_candidates(text: str) -> tuple[float, ...]:
         try:
             value = float(item)
         except ValueError:
-            raise ValueError(
-                f"dynamic lambda candidates must be numbers, got {item.strip()!r} in {text!r}"
-            ) from None
+            raise ValueError(f"{what} must be numbers, got {item.strip()!r} in {text!r}") from None
         if not (np.isfinite(value) and value >= 0):
-            raise ValueError(
-                f"dynamic lambda candidates must be finite and >= 0, got {item.strip()} in {text!r}"
-            )
+            raise ValueError(f"{what} must be finite and >= 0, got {item.strip()} in {text!r}")
         if value in values:
-            raise ValueError(f"dynamic lambda candidate {value:g} is given twice in {text!r}")
+            raise ValueError(f"{what}: {value:g} is given twice in {text!r}")
         values.append(value)
     return tuple(values)
 

@@ -39,6 +39,7 @@ from jaxfl.algorithms.fedavg_sub import fedavg_sub
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.l2sgd import l2sgd
+from jaxfl.algorithms.mapper import MAPPER_CANDIDATES, mapper
 from jaxfl.algorithms.perfedavg import perfedavg
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
@@ -373,6 +374,32 @@ SPECS["apfl"] = AlgorithmSpec(
     options={"stragglers": 0.0, "apfl_alpha_lr": 0.0},
 )
 
+def _build_mapper(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    if engine.num_clients is None:
+        raise ValueError("mapper needs the number of training clients (Engine.num_clients)")
+    candidates = lambda_candidates(options["mapper_candidates"], "mapper_candidates")
+    if not candidates:
+        raise ValueError(
+            "mapper_candidates needs at least one mixing weight in [0, 1], such as 0.25,0.5,0.75"
+        )
+    return mapper(
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        engine.num_clients,
+        candidates=candidates,
+        **_shared(engine),
+    )
+
+
+SPECS["mapper"] = AlgorithmSpec(
+    _build_mapper,
+    "mapper (Mansour et al. 2020; thesis 5.5): local models u_k and mixing weights lam_k chosen each "
+    "round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
+    options={"mapper_candidates": ",".join(f"{lam:g}" for lam in MAPPER_CANDIDATES)},
+)
+
+
 def _build_perfedavg(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     del options  # None.
     if engine.local.batch_size < 3:
@@ -392,7 +419,7 @@ SPECS["perfedavg"] = AlgorithmSpec(
 
 # Algorithms whose state holds personal models, and how many models per
 # training client they hold at once (APFL also makes its mixtures at evaluation).
-PERSONAL_MODEL_ALGORITHMS = {"ditto": 1, "l2sgd": 1, "apfl": 2}
+PERSONAL_MODEL_ALGORITHMS = {"ditto": 1, "l2sgd": 1, "apfl": 2, "mapper": 2}
 
 # name -> (builder, description): the registry's original shape, kept for
 # callers that only list names and descriptions.

@@ -59,6 +59,7 @@ from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortResults,
     StepFactory,
+    client_rows,
     round_keys,
     select_cohort,
     train_cohort,
@@ -195,6 +196,7 @@ def weighted_averaging_algorithm(
     use_l2: bool = True,
     robustness: Robustness | None = None,
     local_step: StepFactory | None = None,
+    local_step_reads_rows: bool = False,
 ) -> FederatedAlgorithm:
     """Builds a round that samples, plans, trains, aggregates, steps.
 
@@ -233,6 +235,9 @@ def weighted_averaging_algorithm(
         docstring), or None.
       local_step: replaces the local SGD step (`train_cohort`; Per-FedAvg's
         meta step), reading the state's hyperparameters.
+      local_step_reads_rows: `local_step` also takes the client's row of the
+        state's per-client state `clients` (mapper's global steps read the
+        client's local model and mixing weight).
 
     Returns:
       The `FederatedAlgorithm`.
@@ -341,6 +346,7 @@ def weighted_averaging_algorithm(
             slots=slots,
             local_step=local_step,
             step_hparams=state.hparams if local_step is not None else None,
+            step_rows=client_rows(state.clients, client_ids) if local_step_reads_rows else None,
         )
         if results.initial_loss is not None:
             cohort = cohort._replace(

@@ -200,11 +200,11 @@ class RunConfig:
         low=0.0,
     )
     client_state: str = _field(
-        "auto", "where the personal models (ditto, apfl, l2sgd) live: replicated on each device, split over "
-        "the devices of a sharded strategy (each holding N/D), or in host memory with the cohort's moved to "
-        "the device each round (host; not l2sgd, not sweeps); auto: replicated, split when the replicated "
-        "copies would take over a quarter of the memory, host when on an accelerator even the split ones "
-        "would (docs/personalization.md)",
+        "auto", "where the personal models (ditto, apfl, mapper, l2sgd) live: replicated on each "
+        "device, split over the devices of a sharded strategy (each holding N/D), or in host memory with "
+        "the cohort's moved to the device each round (host; not l2sgd, not sweeps); auto: replicated, split "
+        "when the replicated copies would take over a quarter of the memory, host when on an accelerator "
+        "even the split ones would (docs/personalization.md)",
         choices=("auto", "split", "replicated", "host"),
     )
     ditto_dynamic_lam: str = _field(
@@ -219,6 +219,10 @@ class RunConfig:
     apfl_alpha_lr: float = _field(
         0.0, "apfl: > 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, "
         "starting at --apfl-alpha); 0: one fixed alpha, as the thesis compares it", low=0.0,
+    )
+    mapper_candidates: str = _field(
+        "0.25,0.5,0.75", "mapper: the mixing weights lam in [0, 1] each sampled client tries every round, "
+        "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
     )
     perfedavg_alpha: float = _field(
         0.01, "perfedavg: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML objective "

@@ -30,7 +30,8 @@ from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Params
 
 # local_step(hparams, step_hparams) -> a `local_sgd` step (`jaxfl.training.local.LocalStep`).
-StepFactory = Callable[[LocalHParams, Mapping[str, jax.Array]], LocalStep]
+# local_step(hparams, step_hparams[, client's row]) -> `local_sgd`'s step.
+StepFactory = Callable[..., LocalStep]
 
 
 class CohortKeys(NamedTuple):
@@ -89,6 +90,7 @@ def train_cohort(
     slots: jax.Array | None = None,
     local_step: StepFactory | None = None,
     step_hparams: Mapping[str, jax.Array] | None = None,
+    step_rows: Params | None = None,
 ) -> CohortResults:
     """Runs local training on every client of the cohort.
 
@@ -111,12 +113,17 @@ def train_cohort(
       local_step: replaces the local SGD step (Per-FedAvg's meta step):
         `local_step(hparams, step_hparams)` gives `local_sgd`'s `step`.
       step_hparams: traced scalars `local_step` reads (the state's hparams).
+      step_rows: optional per-client state of the cohort (leaves `[M, ...]`):
+        client i's row is `local_step`'s third argument (mapper's steps read
+        the client's local model and mixing weight).
 
     Returns:
       The per-client results.
     """
     slots = client_ids if slots is None else slots
     per_client = client_inputs(client_ids, clients_key, slots=slots, active=active)
+    if step_rows is not None:
+        per_client["row"] = step_rows
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
     fusable = local_step is None and _kernel_takes(hparams)
@@ -129,6 +136,7 @@ def train_cohort(
 
     def client_fn(shared, client):
         params, population, hparams, step_hparams = shared
+        client_row = (client["row"],) if "row" in client else ()
         out = {}
         if with_initial_loss:
             out["initial_loss"], out["initial_error"] = client_loss_and_error(
@@ -144,7 +152,7 @@ def train_cohort(
             local,
             num_epochs=client.get("num_epochs"),
             active=client["active"],
-            step=None if local_step is None else local_step(hparams, step_hparams),
+            step=None if local_step is None else local_step(hparams, step_hparams, *client_row),
         )
         out["delta"] = jax.tree.map(jnp.subtract, result.params, params)
         out["num_steps"] = result.num_steps

@@ -55,6 +55,7 @@ def test_the_issue_s_cli_names_are_registered():
         "l2sgd",
         "apfl",
         "perfedavg",
+        "mapper",
     } == set(algorithm_names())
 
 

@@ -69,7 +69,7 @@ GROUPS = [
     ["fedavg", "fedavg-sub", "deltafl", "ditto"],
     ["fedsgd", "fedprox", "qffl", "l2sgd", "perfedavg"],
     ["afl", "afl-qffl", "term", "apfl"],
-    ["dp-fedavg", "dp-deltafl"],
+    ["dp-fedavg", "dp-deltafl", "mapper"],
 ]
 
 
@@ -89,7 +89,7 @@ def test_every_algorithm_runs_from_the_cli(names, tmp_path, capsys):
         assert f"\n{name} " in captured.out
         summary = json.loads((out / name / "summary.json").read_text())
         assert 0.0 <= summary["test_error"]["mean"] <= 1.0
-        if name in ("ditto", "l2sgd", "apfl", "perfedavg"):
+        if name in ("ditto", "l2sgd", "apfl", "perfedavg", "mapper"):
             # Personal models, evaluated beside the global one.
             assert f"\n{name} (personal" in captured.out and "personal_train_loss" in summary
         config = json.loads((out / name / "config.json").read_text())

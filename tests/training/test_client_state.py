@@ -20,6 +20,7 @@ from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
 from jaxfl.algorithms.ditto import ditto
 from jaxfl.algorithms.l2sgd import l2sgd
+from jaxfl.algorithms.mapper import mapper
 from jaxfl.data.host import HostPopulation
 from jaxfl.evaluation.per_client import host_personal_metrics, personal_client_metrics
 from jaxfl.experiment import runner
@@ -44,11 +45,16 @@ DEVICE = ClientStrategy("vmap")
 WITH_VALIDATION = dataclasses.replace(POPULATION, held_out=tiny_population([6, 2, 5, 4, 9, 3, 7, 5], seed=13))
 
 
+HPARAMS = {"ditto": {"lr": 0.1, "lam": 0.5}, "apfl": {"lr": 0.1, "apfl_alpha": 0.3}}
+
+
 def build(name, strategy):
     inner = fedavg(TASK, LOCAL, M, strategy=strategy)
     if name.startswith("ditto"):
         dynamic = (0.1, 1.0, 3.0) if name == "ditto-dynamic" else ()
         return ditto(inner, TASK, LOCAL, M, N, strategy=strategy, dynamic_lam=dynamic)
+    if name == "mapper":
+        return mapper(TASK, LOCAL, M, N, strategy=strategy)
     alpha_lr = 2.0 if name == "apfl-adaptive" else 0.0
     return apfl(inner, TASK, LOCAL, M, N, strategy=strategy, alpha_lr=alpha_lr)
 
@@ -73,9 +79,9 @@ def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4, population=PO
     return state, mover
 
 
-@pytest.mark.parametrize("name", ["ditto", "ditto-dynamic", "apfl", "apfl-adaptive"])
+@pytest.mark.parametrize("name", ["ditto", "ditto-dynamic", "apfl", "apfl-adaptive", "mapper"])
 def test_host_rows_give_the_device_models_bit_for_bit(name):
-    hparams = {"lr": 0.1, "lam": 0.5} if name.startswith("ditto") else {"lr": 0.1, "apfl_alpha": 0.5}
+    hparams = HPARAMS.get(name.split("-")[0], {"lr": 0.1})
     on_device = build(name, DEVICE)
     start = on_device.init(initial_params(), hparams)
     expected, _ = run_rounds(on_device, start, ROUNDS, KEY, population=WITH_VALIDATION)
@@ -102,9 +108,9 @@ def test_client_id_blocks_cover_every_client_with_one_shape():
         assert all(b.min() >= 0 and b.max() < num_clients for b in blocks)
 
 
-@pytest.mark.parametrize("name", ["ditto", "apfl", "apfl-adaptive"])
+@pytest.mark.parametrize("name", ["ditto", "apfl", "apfl-adaptive", "mapper"])
 def test_block_evaluation_equals_the_whole_populations(name):
-    hparams = {"lr": 0.1, "lam": 0.5} if name == "ditto" else {"lr": 0.1, "apfl_alpha": 0.3}
+    hparams = HPARAMS.get(name.split("-")[0], {"lr": 0.1})
     algorithm = build(name, DEVICE)
     state, _ = run_rounds(algorithm, algorithm.init(initial_params(), hparams), 2, KEY)
     want_models = algorithm.personal_models(state)

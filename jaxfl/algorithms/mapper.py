@@ -1,0 +1,208 @@
+"""Mapper (Mansour, Mohri, Ro and Suresh 2020), a personalization baseline of thesis section 5.5.
+
+Model interpolation, "one of the three personalization methods proposed in
+Mansour et al. that needs the minimal amount of meta-information" (thesis
+appendix 5.6.2, `shared/papers/002_*`; `shared/notes/thesis-spec.md`
+section 5.5). Client k keeps a local model u_k and a mixing weight lam_k;
+its personal model is the interpolation
+
+    h_k = lam_k u_k + (1 - lam_k) w,
+
+and the global model w is trained on the interpolated losses, so that it is
+the part the clients share (Mansour et al.'s objective
+min_{w, u, lam} sum_k F_k(lam_k u_k + (1 - lam_k) w)).
+
+The thesis gives no update rule; this is the authors' solver
+(`litian96/ditto`, `flearn/trainers_MTL/mapper.py`, which produced the
+thesis's Table 5.2 mapper row). One round, for every sampled client k from
+the server model w_t and its (u_k, lam_k):
+
+1. Candidate search: for each lam_j of the candidates (default 0.25, 0.5,
+   0.75), local SGD from u_k on the client's minibatches,
+       u <- (1 - lr l2) u - lr lam_j grad F_k(lam_j u + (1 - lam_j) w_t; xi),
+   then the interpolation's loss F_k(lam_j u + (1 - lam_j) w_t) on all the
+   client's training examples; the client keeps the (u, lam_j) of least
+   loss (ties and NaN: the first candidate among the least, as Ditto's
+   dynamic lambda).
+2. Global steps: local SGD from w_t on the same minibatches with the new
+   (u_k, lam_k) held fixed,
+       w <- (1 - lr l2) w - lr (1 - lam_k) grad F_k(lam_k u_k + (1 - lam_k) w; xi);
+   w - w_t is the client's update, which the round template aggregates
+   (any aggregator, update attack and server optimizer of the run apply).
+
+All u_k^0 = w^0 and lam_k^0 = 0 (the code's start); a client never sampled
+keeps h_k = w. Where this differs from the authors' code: each candidate
+takes the run's local steps (the code: local_iters + 1 personal steps and
+one global step) on the same minibatches (the code draws fresh ones per
+candidate), the loss is taken at the final u (the code: at the last step's
+interpolation, before its update), and every sampled client's update is
+averaged (the code appends only the last client's update, an indentation
+slip). The code's final fine-tuning of h_k is not part of this algorithm
+(`--finetune-epochs` fine-tunes from the global model).
+
+Each local step costs 1 + |candidates| gradients (|candidates| + 1 passes
+of the client's steps), plus |candidates| passes over the client's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.algorithms.apfl import client_mixtures, mixture
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, train_client_rows
+from jaxfl.training.local import (
+    LocalHParams,
+    LocalStep,
+    LocalTraining,
+    Task,
+    client_loss_and_error,
+    local_sgd,
+    minibatch_loss,
+    sgd_update,
+)
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key, Metrics, Params
+
+MAPPER_CANDIDATES = (0.25, 0.5, 0.75)
+
+
+def interpolation_step(
+    task: Task, hparams: LocalHParams, lam: jax.Array, local_model: Params, global_model: Params, train: str
+) -> LocalStep:
+    """One SGD step on F_k(lam u + (1 - lam) w) in u (`train`='local') or in w ('global')."""
+
+    def objective(params, batch, valid, key):
+        if train == "local":
+            return minibatch_loss(task, mixture(lam, params, global_model), batch, valid, key)
+        return minibatch_loss(task, mixture(lam, local_model, params), batch, valid, key)
+
+    def step(params: Params, batch, valid, key):
+        loss, grads = jax.value_and_grad(objective)(params, batch, valid, key)
+        return sgd_update(params, grads, hparams), loss
+
+    return step
+
+
+def mapper(
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    num_clients: int,
+    *,
+    strategy: ClientStrategy,
+    candidates: tuple[float, ...] = MAPPER_CANDIDATES,
+    robustness: Robustness | None = None,
+    server_tx: optax.GradientTransformation | None = None,
+    client_weighting: str = "num_examples",
+) -> FederatedAlgorithm:
+    """Mapper (module docstring).
+
+    Args:
+      task: model and loss.
+      local: the static local-training shape (both passes).
+      clients_per_round: M.
+      num_clients: N, the training clients (rows of the local models).
+      strategy: how the cohort's clients are laid out.
+      candidates: the mixing weights each sampled client tries, in [0, 1].
+      robustness: the run's update attack and aggregator (the round template's).
+      server_tx: server optimizer.
+      client_weighting: 'num_examples' or 'uniform' aggregation weights.
+
+    Returns:
+      The `FederatedAlgorithm`; its state's `clients` holds
+      {'local': u_k leaves `[N, ...]`, 'lam': `[N]` lam_k}, and
+      `personal_models(state)` the interpolations.
+
+    Raises:
+      ValueError: num_clients < 1, no candidates, or a candidate outside [0, 1].
+    """
+    if num_clients < 1:
+        raise ValueError(f"mapper needs num_clients >= 1, got {num_clients}")
+    if not candidates:
+        raise ValueError("mapper needs at least one mixing-weight candidate")
+    if not all(0.0 <= lam <= 1.0 for lam in candidates):
+        raise ValueError(f"mapper's mixing-weight candidates must lie in [0, 1], got {list(candidates)}")
+
+    def global_step(hparams: LocalHParams, state_hparams, row) -> LocalStep:
+        del state_hparams  # Mapper has no hyperparameters of its own.
+        return interpolation_step(task, hparams, row["lam"], row["local"], None, train="global")
+
+    template = weighted_averaging_algorithm(
+        "mapper",
+        task,
+        local,
+        clients_per_round,
+        strategy=strategy,
+        server_tx=server_tx,
+        client_weighting=client_weighting,
+        robustness=robustness,
+        local_step=global_step,
+        local_step_reads_rows=True,
+    )
+
+    def init(params: Params, hparams=None) -> ServerState:
+        state = template.init(params, hparams)
+        clients = {
+            "local": initial_client_models(params, num_clients, strategy),
+            "lam": initial_client_models(jnp.float32(0.0), num_clients, strategy),
+        }
+        return dataclasses.replace(state, clients=clients)
+
+    def search_fn(shared, client):
+        server_params, population, hparams = shared
+
+        def trained_with(lam):
+            lam = jnp.float32(lam)
+            step = interpolation_step(task, hparams, lam, None, server_params, train="local")
+            result = local_sgd(
+                task, client["start"]["local"], population, client["id"], client["key"], hparams, local,
+                active=client["active"], step=step,
+            )
+            interpolated = mixture(lam, result.params, server_params)
+            return result.params, client_loss_and_error(task, interpolated, population, client["id"])[0]
+
+        tried = [trained_with(lam) for lam in candidates]
+        losses = jnp.stack([loss for _, loss in tried])
+        best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
+        local_model = jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *(model for model, _ in tried))
+        lam = jnp.asarray(candidates, jnp.float32)[best]
+        return {"params": {"local": local_model, "lam": lam}, "loss": losses[best], "lam": lam}
+
+    def round_fn(
+        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
+    ) -> tuple[ServerState, Metrics]:
+        # The template's cohort and keys: the search and the global steps see the same clients and
+        # minibatches.
+        keys = round_keys(key, state.round)
+        cohort = select_cohort(keys.sampling, population, clients_per_round)
+        hparams = LocalHParams(lr=local_learning_rate(state.hparams, state.round), l2=state.hparams["l2"])
+        searched, trained = train_client_rows(
+            search_fn, (state.params, cohort.population, hparams), state.clients, cohort, keys.clients,
+            local, strategy,
+        )
+        new_state, metrics = template.round(dataclasses.replace(state, clients=searched), population, key)
+        # The chosen interpolations' losses on the cohort's training data, and their weights.
+        metrics = {
+            **metrics,
+            "personal_train_loss": jnp.mean(trained["loss"]),
+            "mapper_lam_mean": jnp.mean(trained["lam"]),
+        }
+        return new_state, metrics
+
+    def personal_models(state: ServerState) -> Params:
+        return client_mixtures(state.clients["lam"], state.clients["local"], state.params)
+
+    return FederatedAlgorithm(
+        name="mapper",
+        init=init,
+        round=round_fn,
+        hparam_defaults=template.hparam_defaults,
+        personal_models=personal_models,
+    )
