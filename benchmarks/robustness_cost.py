@@ -49,6 +49,7 @@ VARIANTS = {
     "apfl": ["--algorithm", "apfl"],
     "l2sgd": ["--algorithm", "l2sgd"],
     "perfedavg": ["--algorithm", "perfedavg"],
+    "mapper": ["--algorithm", "mapper"],
     # Personal models in host memory, the cohort's rows copied each way every round (and one round per call).
     "ditto-host-state": ["--algorithm", "ditto", "--client-state", "host"],
     # Needs validation client k = training client k (main-split, fmnist).

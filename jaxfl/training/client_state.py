@@ -44,9 +44,14 @@ class GatheredClientRows:
     Attributes:
       rows: leaves `[M, ...]`, row j the cohort's j-th client's (the order
         `select_cohort` gives its `client_ids`).
+      client_ids: `[M]` int32 whose rows they are: the host's cohort when
+        gathered; the cohort the round trained once the round has stored
+        its rows (`cohort.store_client_rows`), which the host checks
+        against its own before writing them back.
     """
 
     rows: PyTree
+    client_ids: jax.Array
 
 
 def host_rows(params: PyTree, num_clients: int) -> PyTree:
@@ -126,11 +131,19 @@ class HostClientState:
         """`state` with its host rows replaced by round `round_index`'s cohort's, on the device."""
         ids = self.cohort_ids(round_index)
         rows = jax.tree.map(lambda host: host[ids], state.clients)
-        return dataclasses.replace(state, clients=GatheredClientRows(self.place(rows)))
+        gathered = GatheredClientRows(self.place(rows), self.place(jnp.asarray(ids, jnp.int32)))
+        return dataclasses.replace(state, clients=gathered)
 
     def store(self, state: Any, host: PyTree, round_index: int) -> Any:
         """`state` after round `round_index`, its gathered rows written into `host`, which it then holds."""
         ids = self.cohort_ids(round_index)
+        trained = np.asarray(jax.device_get(state.clients.client_ids))
+        if not np.array_equal(trained, ids):
+            # Writing back would give these rows to the wrong clients: stop before the host rows change.
+            raise RuntimeError(
+                f"round {round_index} trained clients {trained.tolist()} on the host rows of clients "
+                f"{ids.tolist()}: the host's cohort is not the round's, so the rows are not written back"
+            )
         rows = jax.device_get(state.clients.rows)
 
         def write(host_leaf, new_rows):

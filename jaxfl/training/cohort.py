@@ -421,11 +421,12 @@ def store_client_rows(
 ) -> Params | GatheredClientRows:
     """`per_client_state` with rows `client_ids` set to `rows` (distinct ids: sampled without replacement).
 
-    Gathered host-resident rows are replaced whole (the host writes them back).
+    Gathered host-resident rows are replaced whole, with the ids of the cohort
+    that trained them (the host checks them against its own, then writes them back).
     """
     if isinstance(per_client_state, GatheredClientRows):
         _check_gathered(per_client_state, client_ids)
-        return GatheredClientRows(rows)
+        return GatheredClientRows(rows, client_ids.astype(jnp.int32))
     return jax.tree.map(
         lambda state, new: state.at[client_ids].set(new, unique_indices=True), per_client_state, rows
     )

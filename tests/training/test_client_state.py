@@ -100,6 +100,25 @@ def test_host_rows_give_the_device_models_bit_for_bit(name):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_rows_gathered_for_another_cohort_are_refused_before_the_write_back():
+    class OtherCohort(HostClientState):
+        """Gathers (and would store) the rows of the cohort's clients in the wrong order."""
+
+        def cohort_ids(self, round_index):
+            return np.roll(super().cohort_ids(round_index), 1)
+
+    algorithm = build("ditto", HOST)
+    state = algorithm.init(initial_params(), HPARAMS["ditto"])
+    host = state.clients
+    before = jax.tree.map(np.copy, host)
+    mover = OtherCohort(KEY, N, M)
+    state, _ = jax.jit(algorithm.round)(mover.gather(state, 0), POPULATION, KEY)
+    with pytest.raises(RuntimeError, match=r"round 0 trained clients \[.*\] on the host rows of clients"):
+        mover.store(state, host, 0)
+    for want, got in zip(jax.tree.leaves(before), jax.tree.leaves(host), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_client_id_blocks_cover_every_client_with_one_shape():
     for num_clients, size in ((8, 3), (8, 8), (3, 8), (9, 3)):
         blocks = list(client_id_blocks(num_clients, size))
