@@ -16,7 +16,6 @@ from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
 from jaxfl.algorithms.ditto import ditto
 from jaxfl.algorithms.l2sgd import l2sgd
-from jaxfl.algorithms.mapper import mapper
 from jaxfl.evaluation.per_client import personal_client_metrics
 from jaxfl.training import ClientStrategy
 from jaxfl.training.strategies import CLIENT_AXIS
@@ -33,8 +32,6 @@ def build(name, strategy):
         return ditto(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
     if name == "apfl":
         return apfl(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
-    if name == "mapper":
-        return mapper(TASK, LOCAL, M, N, strategy=strategy)
     return l2sgd(TASK, LOCAL, M, N, strategy=strategy)
 
 
@@ -62,10 +59,9 @@ def test_client_state_is_split_where_told_or_where_memory_is_short():
     assert not split("auto", 1, algorithm="fedavg")  # No personal models.
 
 
-@pytest.mark.parametrize("name", ["ditto", "l2sgd", "apfl", "mapper"])
+@pytest.mark.parametrize("name", ["ditto", "l2sgd", "apfl"])
 def test_split_personal_models_equal_the_vmapped_ones(name):
-    hparams = {"apfl": {"lr": 0.1, "apfl_alpha": 0.5}, "mapper": {"lr": 0.1}}
-    hparams = hparams.get(name, {"lr": 0.1, "lam": 0.5})
+    hparams = {"lr": 0.1, "lam": 0.5} if name != "apfl" else {"lr": 0.1, "apfl_alpha": 0.5}
     expected_algorithm, split_algorithm = build(name, VMAP), build(name, SPLIT)
     expected, _ = run_rounds(expected_algorithm, expected_algorithm.init(initial_params(), hparams), 3, KEY)
     split, _ = run_rounds(
