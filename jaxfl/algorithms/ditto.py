@@ -103,6 +103,12 @@ def lambda_candidates(text: str, what: str = "dynamic lambda candidates") -> tup
     return tuple(values)
 
 
+def least_loss_choice(losses: jax.Array, candidates: list[Params]) -> tuple[jax.Array, Params]:
+    """(index, candidate) of the least of `losses`; NaN counts as +inf and ties go to the first."""
+    best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
+    return best, jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *candidates)
+
+
 def greedy_lambda_step(
     task: Task,
     candidates: tuple[float, ...],
@@ -133,8 +139,7 @@ def greedy_lambda_step(
         loss, grads = jax.value_and_grad(minibatch_loss, argnums=1)(task, params, batch, valid, key)
         tried = [with_lambda(params, grads, jnp.float32(lam)) for lam in candidates]
         losses = jnp.stack([validation_loss(v) for v in tried])
-        best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
-        chosen = jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *tried)
+        _, chosen = least_loss_choice(losses, tried)
         fixed = with_lambda(params, grads, fallback_lam)
         return jax.tree.map(lambda c, f: jnp.where(enough, c, f), chosen, fixed), loss
 

@@ -54,6 +54,7 @@ import optax
 
 from jaxfl.algorithms.apfl import client_mixtures, mixture
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.ditto import least_loss_choice
 from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, train_client_rows
@@ -170,8 +171,7 @@ def mapper(
 
         tried = [trained_with(lam) for lam in candidates]
         losses = jnp.stack([loss for _, loss in tried])
-        best = jnp.argmin(jnp.where(jnp.isnan(losses), jnp.inf, losses))
-        local_model = jax.tree.map(lambda *leaves: jnp.stack(leaves)[best], *(model for model, _ in tried))
+        best, local_model = least_loss_choice(losses, [model for model, _ in tried])
         lam = jnp.asarray(candidates, jnp.float32)[best]
         return {"params": {"local": local_model, "lam": lam}, "loss": losses[best], "lam": lam}
 
