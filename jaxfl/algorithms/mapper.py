@@ -75,14 +75,17 @@ MAPPER_CANDIDATES = (0.25, 0.5, 0.75)
 
 
 def interpolation_step(
-    task: Task, hparams: LocalHParams, lam: jax.Array, local_model: Params, global_model: Params, train: str
+    task: Task, hparams: LocalHParams, lam: jax.Array, other: Params, trains: str
 ) -> LocalStep:
-    """One SGD step on F_k(lam u + (1 - lam) w) in u (`train`='local') or in w ('global')."""
+    """One SGD step on F_k(lam u + (1 - lam) w).
+
+    In u with w = `other` fixed (`trains`='local'), or in w with u = `other`
+    fixed ('global').
+    """
 
     def objective(params, batch, valid, key):
-        if train == "local":
-            return minibatch_loss(task, mixture(lam, params, global_model), batch, valid, key)
-        return minibatch_loss(task, mixture(lam, local_model, params), batch, valid, key)
+        local_model, global_model = (params, other) if trains == "local" else (other, params)
+        return minibatch_loss(task, mixture(lam, local_model, global_model), batch, valid, key)
 
     def step(params: Params, batch, valid, key):
         loss, grads = jax.value_and_grad(objective)(params, batch, valid, key)
@@ -133,7 +136,7 @@ def mapper(
 
     def global_step(hparams: LocalHParams, state_hparams, row) -> LocalStep:
         del state_hparams  # Mapper has no hyperparameters of its own.
-        return interpolation_step(task, hparams, row["lam"], row["local"], None, train="global")
+        return interpolation_step(task, hparams, row["lam"], row["local"], trains="global")
 
     template = weighted_averaging_algorithm(
         "mapper",
@@ -161,7 +164,7 @@ def mapper(
 
         def trained_with(lam):
             lam = jnp.float32(lam)
-            step = interpolation_step(task, hparams, lam, None, server_params, train="local")
+            step = interpolation_step(task, hparams, lam, server_params, trains="local")
             result = local_sgd(
                 task, client["start"]["local"], population, client["id"], client["key"], hparams, local,
                 active=client["active"], step=step,

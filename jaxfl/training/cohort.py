@@ -29,8 +29,8 @@ from jaxfl.training.sampling import sample_without_replacement
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Params
 
-# local_step(hparams, step_hparams) -> a `local_sgd` step (`jaxfl.training.local.LocalStep`).
-# local_step(hparams, step_hparams[, client's row]) -> `local_sgd`'s step.
+# local_step(hparams, step_hparams[, the client's row of per-client state]) -> a `local_sgd` step
+# (`jaxfl.training.local.LocalStep`).
 StepFactory = Callable[..., LocalStep]
 
 
