@@ -18,6 +18,8 @@ clients are not (004 Appendix C.3).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -50,6 +52,55 @@ def summarize(values: jax.Array, weights: jax.Array | None = None) -> dict[str, 
     out["superquantile_95"] = superquantile(values, 0.05, weights)
     # 0 - x, not -x: the best 10% of all-zero errors is 0, never -0.0.
     out["best_10"] = 0.0 - superquantile(-values, 0.1, weights)
+    return out
+
+
+def summarize_each(
+    values: Sequence[jax.Array], weights: Sequence[jax.Array | None]
+) -> list[dict[str, jax.Array]]:
+    """`summarize(values[r], weights[r])` for each r, computed as one vmapped `summarize`.
+
+    The `[N_r]` vectors are padded to the longest with value 0 and weight 0,
+    which changes no summary (a zero-weight entry is ignored: the conventions
+    of `jaxfl.primitives.tail`); None weights become ones. Equal to
+    `summarize` of each up to float rounding in the weighted sums. Why: a
+    program holds one copy of the summaries' operations instead of R (a run's
+    evaluation summarizes loss and error of each population; six separate
+    summaries took 2.5 s to compile on a 2-core CPU, vmapped 1.0 s).
+    """
+    if len(values) != len(weights):
+        raise ValueError(f"{len(values)} value vectors but {len(weights)} weight vectors")
+    length = max(jnp.shape(v)[0] for v in values)
+
+    def padded(x, fill):
+        x = jnp.asarray(x, jnp.float32)
+        return jnp.pad(x, (0, length - x.shape[0]), constant_values=fill)
+
+    stacked_values = jnp.stack([padded(v, 0.0) for v in values])
+    stacked_weights = jnp.stack([
+        padded(jnp.ones(jnp.shape(v)[0]) if w is None else w, 0.0)
+        for v, w in zip(values, weights, strict=True)
+    ])
+    stats = jax.vmap(summarize)(stacked_values, stacked_weights)
+    return [{name: value[r] for name, value in stats.items()} for r in range(len(values))]
+
+
+def loss_and_error_summaries(
+    metrics: Mapping[str, tuple[jax.Array, jax.Array, jax.Array | None]], prefix: str = ""
+) -> dict[str, dict[str, jax.Array]]:
+    """A run's summaries of per-client losses and errors: `{prefix}{name}_loss` and `{prefix}{name}_error`
+    for each population `name -> (loss, error, weights)`, in that order, each `within_range`
+    (losses >= 0, errors in [0, 1]); all of them one `summarize_each`.
+    """
+    values, weights = [], []
+    for loss, error, population_weights in metrics.values():
+        values += [loss, error]
+        weights += [population_weights, population_weights]
+    stats = iter(summarize_each(values, weights))
+    out = {}
+    for name in metrics:
+        out[f"{prefix}{name}_loss"] = within_range(next(stats), 0.0)
+        out[f"{prefix}{name}_error"] = within_range(next(stats), 0.0, 1.0)
     return out
 
 

@@ -46,7 +46,7 @@ from jaxfl.evaluation.per_client import (
     per_client_metrics,
     personal_client_metrics,
 )
-from jaxfl.evaluation.summaries import summarize, within_range
+from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
 from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
@@ -460,21 +460,20 @@ def _evaluate_populations(task: Task, client_weighting: str, params, populations
     summaries to the benign clients of a run with an attack.
     """
     benign = benign or {}
-    summaries, clients = {}, {}
+    to_summarize, clients = {}, {}
     for name, population in populations.items():
         metrics = per_client_metrics(task, params, population)
         weights = _summary_weights(name, population, client_weighting, benign.get(name))
-        summaries[f"{name}_loss"] = within_range(summarize(metrics.loss, weights), 0.0)
-        summaries[f"{name}_error"] = within_range(summarize(metrics.error, weights), 0.0, 1.0)
+        to_summarize[name] = (metrics.loss, metrics.error, weights)
         clients[name] = {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
-    return summaries, clients
+    return loss_and_error_summaries(to_summarize), clients
 
 
-_summarize_host = jax.jit(
-    lambda loss, error, weights: (
-        within_range(summarize(loss, weights), 0.0), within_range(summarize(error, weights), 0.0, 1.0)
-    )
-)
+@jax.jit
+def _summarize_host(loss, error, weights):
+    """The loss and error summaries of one host-resident population's per-client metrics."""
+    summaries = loss_and_error_summaries({"population": (loss, error, weights)})
+    return summaries["population_loss"], summaries["population_error"]
 
 
 def personal_test_split(
@@ -601,14 +600,13 @@ def _evaluate_personal_models(
 ):
     """Summaries and per-client metrics of each client's own model v_k."""
     benign = benign or {}
-    summaries, clients = {}, {}
+    to_summarize, clients = {}, {}
     for name, population in populations.items():
         loss, error = personal_client_metrics(task, personal, population, group=group)
         weights = _summary_weights(name, population, client_weighting, benign.get(name))
-        summaries[f"personal_{name}_loss"] = within_range(summarize(loss, weights), 0.0)
-        summaries[f"personal_{name}_error"] = within_range(summarize(error, weights), 0.0, 1.0)
+        to_summarize[name] = (loss, error, weights)
         clients[name] = {"personal_loss": loss, "personal_error": error}
-    return summaries, clients
+    return loss_and_error_summaries(to_summarize, prefix="personal_"), clients
 
 
 _evaluate_personal = jax.jit(_evaluate_personal_models, static_argnums=(0, 1, 2))

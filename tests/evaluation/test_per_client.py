@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from reference import client_loss_reference, tiny_population
 
-from jaxfl.evaluation import SUMMARY_KEYS, per_client_metrics, summarize
+from jaxfl.evaluation import SUMMARY_KEYS, per_client_metrics, summarize, summarize_each
+from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.models import make_model
 from jaxfl.training import Task
 
@@ -36,12 +37,28 @@ def _superquantile_reference(values, theta, weights):
     order = np.argsort(-values, kind="stable")
     mass, total = 0.0, 0.0
     for i in order:
-        take = min(weights[i], theta - mass)
-        if take <= 0:
+        if mass >= theta:
             break
+        take = min(weights[i], theta - mass)
         total += take * values[i]
         mass += take
     return total / theta
+
+
+def _check_against_numpy(got, values, weights):
+    assert set(got) == set(SUMMARY_KEYS)
+    w = np.ones(len(values)) if weights is None else np.asarray(weights, np.float64)
+    w = w / w.sum()
+    v = np.asarray(values, np.float64)
+    np.testing.assert_allclose(got["mean"], np.sum(w * v), rtol=1e-5)
+    std = np.sqrt(np.sum(w * (v - np.sum(w * v)) ** 2))
+    np.testing.assert_allclose(got["std"], std, rtol=1e-4, atol=1e-7)
+    for p in (10, 20, 50, 60, 80, 90, 95):
+        expected = np.percentile(v[w > 0], p, method="inverted_cdf", weights=w[w > 0] / w.sum())
+        np.testing.assert_allclose(got[f"p{p}"], expected, rtol=1e-6, err_msg=f"p{p}")
+    np.testing.assert_allclose(got["superquantile_90"], _superquantile_reference(v, 0.1, w), rtol=1e-4)
+    np.testing.assert_allclose(got["superquantile_95"], _superquantile_reference(v, 0.05, w), rtol=1e-4)
+    np.testing.assert_allclose(got["best_10"], -_superquantile_reference(-v, 0.1, w), rtol=1e-4)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -49,19 +66,50 @@ def test_summaries_match_numpy(weighted):
     rng = np.random.default_rng(1)
     values = rng.random(37).astype(np.float32)
     weights = rng.integers(1, 50, size=37).astype(np.float32) if weighted else None
-    got = jax.jit(summarize)(values, weights)
-    assert set(got) == set(SUMMARY_KEYS)
-    w = np.ones(37) if weights is None else weights.astype(np.float64)
-    w = w / w.sum()
-    v = values.astype(np.float64)
-    np.testing.assert_allclose(got["mean"], np.sum(w * v), rtol=1e-5)
-    np.testing.assert_allclose(got["std"], np.sqrt(np.sum(w * (v - np.sum(w * v)) ** 2)), rtol=1e-4)
-    for p in (10, 20, 50, 60, 80, 90, 95):
-        expected = np.percentile(v, p, method="inverted_cdf", weights=None if weights is None else w)
-        np.testing.assert_allclose(got[f"p{p}"], expected, rtol=1e-6, err_msg=f"p{p}")
-    np.testing.assert_allclose(got["superquantile_90"], _superquantile_reference(v, 0.1, w), rtol=1e-4)
-    np.testing.assert_allclose(got["superquantile_95"], _superquantile_reference(v, 0.05, w), rtol=1e-4)
-    np.testing.assert_allclose(got["best_10"], -_superquantile_reference(-v, 0.1, w), rtol=1e-4)
+    _check_against_numpy(jax.jit(summarize)(values, weights), values, weights)
+
+
+def test_summaries_of_several_vectors_at_once_are_each_ones():
+    # Vectors of different lengths summarized in one vmapped program (padded with zero weights):
+    # each row its own NumPy summaries, a NaN or weightless row touching no other.
+    rng = np.random.default_rng(2)
+    lengths = [37, 1, 5, 12, 3]
+    values = [rng.random(n).astype(np.float32) * 3 - 1 for n in lengths]
+    values[2][1] = np.nan
+    weights = [
+        None,
+        None,
+        np.ones(5, np.float32),
+        rng.integers(0, 4, size=12).astype(np.float32),
+        np.zeros(3, np.float32),
+    ]
+    weights[3][0] = 5.0
+    got = jax.jit(summarize_each)(values, weights)
+    assert len(got) == len(values)
+    for row in (0, 1, 3):
+        _check_against_numpy(got[row], values[row], weights[row])
+        for name, value in summarize(values[row], weights[row]).items():
+            np.testing.assert_allclose(got[row][name], value, rtol=1e-6, err_msg=name)
+    for row in (2, 4):  # a NaN value of positive weight; no weight at all
+        assert all(np.isnan(value) for value in got[row].values()), row
+    with pytest.raises(ValueError, match="2 value vectors but 1 weight"):
+        summarize_each(values[:2], weights[:1])
+
+
+def test_a_runs_loss_and_error_summaries_are_named_ordered_and_in_range():
+    loss = np.array([0.5, 2.0, 1.0], np.float32)
+    error = np.array([1.0, 1.0, 1.0], np.float32)
+    got = loss_and_error_summaries(
+        {"train": (loss, error, np.array([1.0, 2.0, 0.0], np.float32)), "test": (loss[:2], error[:2], None)},
+        prefix="personal_",
+    )
+    assert list(got) == [
+        "personal_train_loss", "personal_train_error", "personal_test_loss", "personal_test_error"
+    ]
+    np.testing.assert_allclose(got["personal_train_loss"]["mean"], 1.5)
+    np.testing.assert_allclose(got["personal_test_loss"]["mean"], 1.25)
+    for name in ("personal_train_error", "personal_test_error"):
+        assert all(float(value) == (0.0 if stat == "std" else 1.0) for stat, value in got[name].items())
 
 
 def test_summaries_of_ten_values_take_exact_tails():
