@@ -63,13 +63,15 @@ def summarize_each(
     The `[N_r]` vectors are padded to the longest with value 0 and weight 0,
     which changes no summary (a zero-weight entry is ignored: the conventions
     of `jaxfl.primitives.tail`); None weights become ones. Equal to
-    `summarize` of each up to float rounding in the weighted sums. Why: a
-    program holds one copy of the summaries' operations instead of R (a run's
-    evaluation summarizes loss and error of each population; six separate
-    summaries took 2.5 s to compile on a 2-core CPU, vmapped 1.0 s).
+    `summarize` of each up to float rounding in the weighted sums. Why: the
+    program holds one copy of the summaries' operations instead of R, which
+    compiles in a fraction of the time (a run's evaluation: benchmarks/
+    RESULTS.md, "A run's evaluation compiles its summaries once").
     """
     if len(values) != len(weights):
         raise ValueError(f"{len(values)} value vectors but {len(weights)} weight vectors")
+    if not values:
+        return []
     length = max(jnp.shape(v)[0] for v in values)
 
     def padded(x, fill):

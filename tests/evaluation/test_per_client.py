@@ -94,6 +94,7 @@ def test_summaries_of_several_vectors_at_once_are_each_ones():
         assert all(np.isnan(value) for value in got[row].values()), row
     with pytest.raises(ValueError, match="2 value vectors but 1 weight"):
         summarize_each(values[:2], weights[:1])
+    assert summarize_each([], []) == []
 
 
 def test_a_runs_loss_and_error_summaries_are_named_ordered_and_in_range():
