@@ -102,6 +102,11 @@ def _parse(argv=None) -> argparse.Namespace:
         "dense models, jaxfl.training.fused)",
     )
     parser.add_argument(
+        "--scan-unroll", type=int, default=1,
+        help="with --loop scan: local steps per iteration of the compiled loop "
+        "(jaxfl.training.local.LocalTraining.scan_unroll; >= the step count unrolls it fully)",
+    )
+    parser.add_argument(
         "--matmul-precision", default=None, choices=("bfloat16", "tensorfloat32", "float32"),
         help="jax.default_matmul_precision for the whole configuration (default: JAX's; on NVIDIA "
         "GPUs f32 products then use TF32)",
@@ -396,6 +401,7 @@ def build(args):
         local=LocalTraining(
             batch_size=workload.batch_size, num_epochs=1, max_steps=workload.max_steps,
             loop=choose_local_loop(args.loop),
+            scan_unroll=getattr(args, "scan_unroll", 1),
         ),
         clients_per_round=clients_per_round,
         strategy=strategy,
@@ -412,10 +418,15 @@ def build(args):
     return dataset, population, model, engine, algorithm, hparams
 
 
-def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False, rounds_per_call=1):
+def _time_rounds(
+    round_fn, state, population, keys, rounds, repeats, sync=False, rounds_per_call=1, inspect=None
+):
     """(compile seconds: trace, lower and compile; best seconds per round).
 
-    `round_fn` runs `rounds_per_call` rounds per call.
+    `round_fn` runs `rounds_per_call` rounds per call. `inspect(compiled,
+    state)`, if given, runs after the timing with the compiled function and
+    the last state (`round_profile.py` records a profile there), and its
+    dict is returned third.
     """
     start = time.perf_counter()
     round_fn = round_fn.lower(state, population, keys).compile()
@@ -431,6 +442,8 @@ def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False,
                 jax.block_until_ready(state)
         jax.block_until_ready(state)
         best = min(best, (time.perf_counter() - start) / rounds)
+    if inspect is not None:
+        return compile_s, best, inspect(round_fn, state)
     return compile_s, best
 
 
@@ -449,8 +462,12 @@ def round_flops(
     return flops * clients_per_round / len(counts) if sampled else flops
 
 
-def measure(args) -> dict:
-    """Rounds/s of one configuration (see the module docstring)."""
+def measure(args, inspect=None) -> dict:
+    """Rounds/s of one configuration (see the module docstring).
+
+    `inspect(compiled, state, population, key, rounds_per_call) -> dict`,
+    if given, runs after the timing and its entries join the result.
+    """
     dataset, population, model, engine, algorithm, hparams = build(args)
     strategy = engine.strategy
     clients_per_round = engine.clients_per_round
@@ -460,9 +477,17 @@ def measure(args) -> dict:
     if args.rounds % fused:
         raise SystemExit(f"--rounds-per-call {fused} must divide --rounds {args.rounds}")
     round_fn = compile_rounds(algorithm.round, fused)
-    compile_s, best = _time_rounds(
-        round_fn, state, population, jax.random.key(1), args.rounds, args.repeats,
+    key = jax.random.key(1)
+    extra = {}
+
+    def inspect_compiled(compiled, last_state):
+        extra.update(inspect(compiled, last_state, population, key, fused))
+        return extra
+
+    compile_s, best, *_ = _time_rounds(
+        round_fn, state, population, key, args.rounds, args.repeats,
         sync=must_sync_each_round(strategy), rounds_per_call=fused,
+        inspect=inspect_compiled if inspect is not None else None,
     )
 
     flops = round_flops(
@@ -481,6 +506,7 @@ def measure(args) -> dict:
         "max_local_steps": engine.local.max_steps,
         "strategy": strategy.describe(),
         "loop": engine.local.loop,
+        "scan_unroll": engine.local.scan_unroll,
         "rounds_per_call": fused,
         "conv": default_conv(jax.default_backend()) if args.conv == "auto" else args.conv,
         "devices": jax.device_count(),
@@ -504,6 +530,7 @@ def measure(args) -> dict:
         "jax": jax.__version__,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "date": time.strftime("%Y-%m-%d"),
+        **extra,
     }
 
 
@@ -593,12 +620,15 @@ def main(argv=None) -> None:
     print(json.dumps(result), flush=True)
 
 
-def run_configuration(args) -> dict:
-    """`measure` or `measure_sweep`, under `--matmul-precision` where given."""
+def run_configuration(args, inspect=None) -> dict:
+    """`measure` (with `inspect`) or `measure_sweep`, under `--matmul-precision` where given."""
+    def one():
+        return measure_sweep(args) if args.sweep else measure(args, inspect)
+
     if args.matmul_precision is None:
-        return measure_sweep(args) if args.sweep else measure(args)
+        return one()
     with jax.default_matmul_precision(args.matmul_precision):
-        result = measure_sweep(args) if args.sweep else measure(args)
+        result = one()
     return {**result, "matmul_precision": args.matmul_precision}
 
 

@@ -138,3 +138,22 @@ class StopAfter:
     def signal(self):
         self.calls -= 1
         return self.number if self.calls < 0 else None
+
+
+def floyd_sample_reference(key, population_size: int, sample_size: int) -> np.ndarray:
+    """Robert Floyd's sampling, one step after another in Python.
+
+    Takes the engine's draws (d_i uniform on [0, N - M + i], from the same
+    `jax.random.randint` call) and applies Floyd's rule step by step: keep
+    d_i unless it was chosen before, else take N - M + i.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    start = population_size - sample_size
+    last = jnp.arange(start, population_size, dtype=jnp.int32)
+    draws = np.asarray(jax.random.randint(key, (sample_size,), 0, last + 1, dtype=jnp.int32))
+    chosen: list[int] = []
+    for i, draw in enumerate(draws.tolist()):
+        chosen.append(start + i if draw in chosen else draw)
+    return np.asarray(chosen, np.int32)

@@ -314,40 +314,44 @@ def weighted_averaging_algorithm(
             )
         keys = round_keys(key, state.round)
         plan_key, aggregate_key = jax.random.split(keys.server)
-        client_ids, data, slots = select_cohort(keys.sampling, population, clients_per_round)
-        cohort = Cohort(client_ids, data.cohort_weights(client_weighting, slots))
+        # Named scopes label each phase's kernels in profiles (benchmarks/round_profile.py).
+        with jax.named_scope("select"):
+            client_ids, data, slots = select_cohort(keys.sampling, population, clients_per_round)
+            cohort = Cohort(client_ids, data.cohort_weights(client_weighting, slots))
         single_pass = plan_uses_loss and plan_selects_only and single_pass_preferred(strategy)
-        if plan_uses_loss and not single_pass:
-            losses, errors = cohort_losses(task, strategy, state.params, data, slots)
-            cohort = cohort._replace(initial_loss=losses, initial_error=errors)
-        if plan is None:
-            client_plan = ClientPlan()
-        elif not single_pass:
-            client_plan = plan(cohort, state, plan_key)
-            if client_plan.extra is not None:
-                state = dataclasses.replace(state, extra=client_plan.extra)
+        with jax.named_scope("plan"):
+            if plan_uses_loss and not single_pass:
+                losses, errors = cohort_losses(task, strategy, state.params, data, slots)
+                cohort = cohort._replace(initial_loss=losses, initial_error=errors)
+            if plan is None:
+                client_plan = ClientPlan()
+            elif not single_pass:
+                client_plan = plan(cohort, state, plan_key)
+                if client_plan.extra is not None:
+                    state = dataclasses.replace(state, extra=client_plan.extra)
         hparams = LocalHParams(
             lr=local_learning_rate(state.hparams, state.round),
             l2=state.hparams["l2"] if use_l2 else None,
             prox_mu=state.hparams["mu"] if proximal else None,
         )
-        results = train_cohort(
-            task,
-            local(data) if callable(local) else local,
-            strategy,
-            state.params,
-            data,
-            client_ids,
-            keys.clients,
-            hparams,
-            with_initial_loss=single_pass or (with_initial_loss and not plan_uses_loss),
-            num_epochs=None if single_pass else client_plan.num_epochs,
-            active=None if single_pass else client_plan.active,
-            slots=slots,
-            local_step=local_step,
-            step_hparams=state.hparams if local_step is not None else None,
-            step_rows=client_rows(state.clients, client_ids) if local_step_reads_rows else None,
-        )
+        with jax.named_scope("client_update"):
+            results = train_cohort(
+                task,
+                local(data) if callable(local) else local,
+                strategy,
+                state.params,
+                data,
+                client_ids,
+                keys.clients,
+                hparams,
+                with_initial_loss=single_pass or (with_initial_loss and not plan_uses_loss),
+                num_epochs=None if single_pass else client_plan.num_epochs,
+                active=None if single_pass else client_plan.active,
+                slots=slots,
+                local_step=local_step,
+                step_hparams=state.hparams if local_step is not None else None,
+                step_rows=client_rows(state.clients, client_ids) if local_step_reads_rows else None,
+            )
         if results.initial_loss is not None:
             cohort = cohort._replace(
                 initial_loss=results.initial_loss, initial_error=results.initial_error
@@ -373,12 +377,14 @@ def weighted_averaging_algorithm(
                     options=robustness.attack_options,
                 )
             )
-        aggregation = (aggregate or default_aggregate)(
-            results, cohort, client_plan, state, aggregate_key
-        )
-        params, opt_state = apply_server_update(
-            server_tx, state, aggregation.mean_delta
-        )
+        with jax.named_scope("aggregate"):
+            aggregation = (aggregate or default_aggregate)(
+                results, cohort, client_plan, state, aggregate_key
+            )
+        with jax.named_scope("server"):
+            params, opt_state = apply_server_update(
+                server_tx, state, aggregation.mean_delta
+            )
         trained = cohort.alpha
         if client_plan.active is not None:
             trained = jnp.where(client_plan.active, trained, 0.0)

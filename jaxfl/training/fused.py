@@ -148,20 +148,21 @@ def train_fused(
     start_layers = [(_layer(start, p)["kernel"], _layer(start, p)["bias"]) for p in paths]
     anchor_layers = [(_layer(anchor, p)["kernel"], _layer(anchor, p)["bias"]) for p in paths]
     zero = jnp.zeros((), jnp.float32)
-    trained, mean_loss = fused_local_sgd(
-        start_layers,
-        anchor_layers,
-        population.features["x"],
-        population.features["y"],
-        rows,
-        num_steps,
-        hparams.lr,
-        zero if hparams.l2 is None else hparams.l2,
-        zero if hparams.prox_mu is None else hparams.prox_mu,
-        layout=layout,
-        interpret=jax.default_backend() == "cpu",
-        schedule=SCHEDULE,
-    )
+    with jax.named_scope("local_steps"):
+        trained, mean_loss = fused_local_sgd(
+            start_layers,
+            anchor_layers,
+            population.features["x"],
+            population.features["y"],
+            rows,
+            num_steps,
+            hparams.lr,
+            zero if hparams.l2 is None else hparams.l2,
+            zero if hparams.prox_mu is None else hparams.prox_mu,
+            layout=layout,
+            interpret=jax.default_backend() == "cpu",
+            schedule=SCHEDULE,
+        )
     # The parameter tree with a client axis (every leaf of a dense stack is a
     # layer's kernel or bias, all replaced below).
     stacked = jax.tree.map(lambda leaf: leaf, start)

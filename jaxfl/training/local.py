@@ -180,12 +180,16 @@ class LocalTraining:
         is a dense stack (`jaxfl.training.fused`), and as 'scan' elsewhere.
         All give the same result; see docs/strategies.md for which is
         faster where.
+      scan_unroll: with loop 'scan', steps per iteration of the compiled
+        loop (`lax.scan`'s `unroll`; a value >= S unrolls the whole loop):
+        fewer, longer iterations, the same result.
     """
 
     batch_size: int
     num_epochs: int = 1
     max_steps: int | None = None
     loop: str = "scan"
+    scan_unroll: int = 1
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -196,6 +200,8 @@ class LocalTraining:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}, got {self.loop!r}")
+        if self.scan_unroll < 1:
+            raise ValueError(f"scan_unroll must be >= 1, got {self.scan_unroll}")
 
     def num_steps(self, count: jax.Array, num_epochs: jax.Array | int | None = None):
         """Real steps of a client with `count` examples (traced)."""
@@ -276,7 +282,8 @@ def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
         return jnp.argsort(u).astype(jnp.int32)
 
     one = packed if position_bits <= _PACKED_POSITION_BITS else general
-    return jax.vmap(one)(jnp.arange(num_epochs))
+    with jax.named_scope("epoch_orders"):
+        return jax.vmap(one)(jnp.arange(num_epochs))
 
 
 # Up to this many position bits, `epoch_orders` sorts packed uint32 keys.
@@ -500,27 +507,29 @@ def local_sgd(
         return params, jnp.zeros((), jnp.float32)
 
     zero = jnp.zeros((), jnp.float32)
-    if config.loop == "while":
+    with jax.named_scope("local_steps"):
+        if config.loop == "while":
 
-        def while_body(step, carry):
-            params, loss_sum = carry
-            params, loss = train_step(step, params)
-            return params, loss_sum + loss
+            def while_body(step, carry):
+                params, loss_sum = carry
+                params, loss = train_step(step, params)
+                return params, loss_sum + loss
 
-        params, loss_sum = jax.lax.fori_loop(0, num_steps, while_body, (params, zero))
-    else:
+            params, loss_sum = jax.lax.fori_loop(0, num_steps, while_body, (params, zero))
+        else:
 
-        def scan_body(carry, step):
-            params, loss_sum = carry
-            params, loss = jax.lax.cond(
-                step < num_steps, train_step, skip_step, step, params
+            def scan_body(carry, step):
+                params, loss_sum = carry
+                params, loss = jax.lax.cond(
+                    step < num_steps, train_step, skip_step, step, params
+                )
+                return (params, loss_sum + loss), None
+
+            length = config.scan_length(max_count)
+            (params, loss_sum), _ = jax.lax.scan(
+                scan_body, (params, zero), jnp.arange(length),
+                unroll=min(config.scan_unroll, max(length, 1)),
             )
-            return (params, loss_sum + loss), None
-
-        length = config.scan_length(max_count)
-        (params, loss_sum), _ = jax.lax.scan(
-            scan_body, (params, zero), jnp.arange(length)
-        )
     mean_loss = loss_sum / jnp.maximum(num_steps, 1)
     return LocalResult(params, num_steps.astype(jnp.int32), mean_loss)
 
