@@ -49,6 +49,7 @@ LINEAR="--workload emnist-linear --rounds 100 --repeats 5"
 AB="--samplers floyd floyd-loop floyd floyd-loop"
 profile 120 default "" $MAIN --loops auto $AB
 profile 120 default "" $LINEAR --loops auto $AB
+profile 60 default "" $MAIN --loops auto --algorithm deltafl
 profile 90 default "" --workload emnist-cnn --rounds 4 --repeats 2 --profile-rounds 1 --loops auto
 
 echo "== tests marked gpu"
