@@ -6,7 +6,8 @@
 # 1. `round_profile.py` on the README's main job (label-shift) and emnist-linear with the
 #    default local loop, the cohort sampler as it is and as it was before it was vectorized
 #    (alternated, in one process), each timed and profiled: kernels, copies, driver calls and
-#    device time per phase of a round;
+#    device time per phase of a round; Δ-FL on the main job; one round per compiled call
+#    against the default;
 # 2. the ConvNet; 3. the tests marked `gpu`; 4. a 64-setting sweep; 5. the CLI's main job
 #    as a user runs it.
 # EXPLORE=1 adds the grid that chose the defaults: every local loop under XLA's default
@@ -50,6 +51,11 @@ AB="--samplers floyd floyd-loop floyd floyd-loop"
 profile 120 default "" $MAIN --loops auto $AB
 profile 120 default "" $LINEAR --loops auto $AB
 profile 60 default "" $MAIN --loops auto --algorithm deltafl
+# Rounds per compiled call: the default (10 on a GPU) against one, alternated.
+profile 60 one-per-call "" $MAIN --loops auto --rounds-per-call 1 --profile-rounds 0
+profile 60 default "" $MAIN --loops auto --profile-rounds 0
+profile 60 one-per-call "" $MAIN --loops auto --rounds-per-call 1 --profile-rounds 0
+profile 60 one-per-call "" $LINEAR --loops auto --rounds-per-call 1 --profile-rounds 0
 profile 90 default "" --workload emnist-cnn --rounds 4 --repeats 2 --profile-rounds 1 --loops auto
 
 echo "== tests marked gpu"

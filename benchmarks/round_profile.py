@@ -120,7 +120,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = ")
 _OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
-_KERNEL_NAME = re.compile(r"\\?\"(?:name|kernel_name)\\?\":\s*\\?\"([\w.\-]+)\\?\"")
+_KERNEL_NAME = re.compile(r"[A-Za-z_]\w*kernel\w*")
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
@@ -148,9 +148,10 @@ def op_names(hlo_text: str) -> dict[str, str]:
         called = _CALLS.search(line)
         if called:
             calls[name] = called.group(1)
-        if op_name:
-            # A custom kernel (a Pallas call) runs under the name in its backend config.
-            for kernel in _KERNEL_NAME.findall(line):
+        if op_name and "custom-call(" in line:
+            # A Pallas call's kernel runs under its Python function's name, which
+            # its serialized IR holds (conventionally `..._kernel`).
+            for kernel in set(_KERNEL_NAME.findall(line)):
                 names.setdefault(kernel, op_name.group(1))
     for name, computation in calls.items():
         if name not in names and computation in roots:
@@ -283,7 +284,7 @@ def run(args, rest) -> list[dict]:
     for loop, sampler_name in [(loop, name) for name in args.samplers for loop in args.loops]:
         config = rps._parse(["--workload", args.workload, "--loop", loop, *rest])
         trace_dir = args.trace_dir or Path(tempfile.mkdtemp(prefix="round-profile-"))
-        trace_dir = trace_dir / f"{args.workload}-{loop}-{sampler_name}-{args.label or 'default'}"
+        trace_dir = trace_dir / f"{args.workload}-{config.algorithm}-{loop}-{sampler_name}-{args.label or 'default'}"
 
         def inspect(compiled, state, population, key, rounds_per_call):
             if args.profile_rounds < 1:

@@ -788,10 +788,10 @@ class LoopTiming:
         }
 
 
-# Rounds fused into one compiled call where that was measured faster: on the
-# 2-core CPU with one device per core, emnist-linear ran 9.4-9.8 rounds/s at
-# 10 rounds per call against 6.7-7.1 at one (synthetic-small 76-78 against
-# 65-71); on one CPU device it made no difference (benchmarks/RESULTS.md).
+# Rounds fused into one compiled call where that was measured faster: rounds
+# sharded over CPU devices, and rounds on a GPU (benchmarks/RESULTS.md, "Several
+# rounds per compiled call" and "NVIDIA H100, 2026-11-27"); on one CPU device it
+# made no difference.
 MAX_ROUNDS_PER_CALL = 10
 
 
@@ -811,12 +811,14 @@ def must_sync_each_round(strategy: ClientStrategy) -> bool:
 def rounds_per_call(strategy: ClientStrategy, rounds: int, eval_every: int) -> int:
     """How many rounds one compiled call runs.
 
-    More than one only where measured faster (rounds sharded over several CPU
-    devices, `must_sync_each_round`): the largest divisor of both `rounds` and
+    More than one only where measured faster: rounds sharded over several CPU
+    devices (`must_sync_each_round`), and accelerators, where a round of a
+    small model is short enough that dispatching each from Python is a
+    measurable part of it. Then the largest divisor of both `rounds` and
     `eval_every` up to `MAX_ROUNDS_PER_CALL`, so that every evaluation falls
     between calls and every call has the same length (one compilation).
     """
-    if not must_sync_each_round(strategy):
+    if not (must_sync_each_round(strategy) or jax.default_backend() in ("gpu", "tpu")):
         return 1
     common = math.gcd(rounds, eval_every)
     return max(k for k in range(1, MAX_ROUNDS_PER_CALL + 1) if common % k == 0)
@@ -1141,6 +1143,8 @@ def run_algorithm(
             run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
     fused = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
+    # A checkpoint from a run fused differently (another backend) resumes between calls.
+    fused = math.gcd(fused, start_round) if start_round else fused
     train = training_input(run_setup, run_key, fused, first_round=start_round)
     round_fn = compile_rounds(
         monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)

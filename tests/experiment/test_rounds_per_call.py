@@ -26,6 +26,12 @@ def test_rounds_per_call_divides_rounds_and_evaluations(rounds, eval_every, expe
     assert rounds_per_call(ClientStrategy("sequential"), rounds, eval_every) == 1
 
 
+@pytest.mark.parametrize("backend, expected", [("gpu", 10), ("tpu", 10), ("cpu", 1)])
+def test_accelerators_fuse_rounds_on_one_device(monkeypatch, backend, expected):
+    monkeypatch.setattr(runner.jax, "default_backend", lambda: backend)
+    assert rounds_per_call(ClientStrategy("vmap"), 2000, 200) == expected
+
+
 def _assert_same(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
 
