@@ -88,7 +88,8 @@ if [ "${EXPLORE:-0}" = 1 ]; then
   profile 60 scan-unrolled "" $LINEAR --loops scan --scan-unroll 8
 fi
 
-tar -czf "$OUT/traces.tar.gz" -C "$TRACES" . 2>/dev/null
+# The ConvNet's trace (tens of thousands of kernels a round) is too large to keep in the archive.
+tar -czf "$OUT/traces.tar.gz" --exclude="emnist-cnn-*" -C "$TRACES" . 2>/dev/null
 ls -la "$OUT"
 grep -E "^(Traceback|[A-Za-z]*Error)" "$OUT/profile.log" | sort | uniq -c | head
 python3 - "$OUT/profile.jsonl" <<'PY'

@@ -118,12 +118,13 @@ def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
 
 
 def choose_local_loop(text: str) -> str:
-    """'auto' resolves from measurements (benchmarks/RESULTS.md): on a GPU the
-    fused kernel (`jaxfl.training.fused`, dense models; the scan for the
-    others); on an H100 the fixed-length scan ran emnist-linear at 418
-    rounds/s against 258 for the while loop, so TPUs take the scan; on the
-    2-core CPU the while loop, which skips padding steps, was faster in
-    every layout (4.58 vs 4.20 rounds/s sequential).
+    """'auto' resolves from measurements (docs/strategies.md, "The measurements
+    behind them"): on a GPU the fused kernel (`jaxfl.training.fused`, dense
+    models; the scan for the others), each round one CUDA graph; TPUs take
+    the fixed-length scan, which on GPUs beat the while loop (a loop whose
+    trip count is data-dependent waits for its predicate on the host every
+    iteration there); on the CPU the while loop, which skips padding steps,
+    was faster in every layout.
 
     Raises:
       ConfigError: 'fused' off a GPU (its kernel is a Triton one; on CPU
