@@ -825,6 +825,16 @@ def rounds_per_call(strategy: ClientStrategy, rounds: int, eval_every: int) -> i
     return max(k for k in range(1, MAX_ROUNDS_PER_CALL + 1) if common % k == 0)
 
 
+def resumed_rounds_per_call(rounds_per_call: int, start_round: int) -> int:
+    """Rounds per call for a run resumed at `start_round`: a divisor of both.
+
+    A checkpoint written by a run that fused rounds differently (on another
+    backend, say) may lie inside one of this run's calls; the largest common
+    divisor still divides the rounds and the evaluation period.
+    """
+    return math.gcd(rounds_per_call, start_round) if start_round else rounds_per_call
+
+
 def compile_rounds(round_fn: Callable, num_rounds: int, *, cohort_per_round: bool = False) -> Callable:
     """`num_rounds` rounds of `round_fn` as one jitted call, the old state donated.
 
@@ -1144,8 +1154,7 @@ def run_algorithm(
             run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
     fused = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
-    # A checkpoint from a run fused differently (another backend) resumes between calls.
-    fused = math.gcd(fused, start_round) if start_round else fused
+    fused = resumed_rounds_per_call(fused, start_round)
     train = training_input(run_setup, run_key, fused, first_round=start_round)
     round_fn = compile_rounds(
         monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)

@@ -48,6 +48,7 @@ from jaxfl.experiment.runner import (
     place_carry,
     privacy_spent,
     restore_carry,
+    resumed_rounds_per_call,
     rounds_per_call,
     training_input,
     training_loop,
@@ -224,7 +225,9 @@ def run_sweep(
     histories: list[list[dict[str, Any]]] = (
         [list(h) for h in meta["histories"]] if meta else [[] for _ in points]
     )
-    fused = rounds_per_call(engine.strategy, config.rounds, config.eval_every)
+    fused = resumed_rounds_per_call(
+        rounds_per_call(engine.strategy, config.rounds, config.eval_every), start_round
+    )
     train = training_input(run_setup, keys, fused, first_round=start_round)
     round_fn = batched_round(algorithm.round, fused, isinstance(train, CohortStream))
     evaluate = batched_evaluator(run_setup)

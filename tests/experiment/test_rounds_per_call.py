@@ -26,6 +26,13 @@ def test_rounds_per_call_divides_rounds_and_evaluations(rounds, eval_every, expe
     assert rounds_per_call(ClientStrategy("sequential"), rounds, eval_every) == 1
 
 
+@pytest.mark.parametrize("fused, start_round, expected", [(10, 0, 10), (10, 30, 10), (10, 7, 1), (10, 4, 2)])
+def test_a_resumed_run_starts_calls_at_its_checkpoint(fused, start_round, expected):
+    resumed = runner.resumed_rounds_per_call(fused, start_round)
+    assert resumed == expected
+    assert start_round % resumed == 0 and fused % resumed == 0
+
+
 @pytest.mark.parametrize("backend, expected", [("gpu", 10), ("tpu", 10), ("cpu", 1)])
 def test_accelerators_fuse_rounds_on_one_device(monkeypatch, backend, expected):
     monkeypatch.setattr(runner.jax, "default_backend", lambda: backend)

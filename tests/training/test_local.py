@@ -175,6 +175,26 @@ def test_vmap_over_clients_matches_loop(loop):
         assert int(batched.num_steps[i]) == int(single.num_steps)
 
 
+@pytest.mark.parametrize("scan_unroll", [3, 1000])
+def test_unrolled_scan_matches_numpy_reference(scan_unroll):
+    # 3 does not divide the 16 scanned steps (batch 4, 2 epochs of up to 31 examples); 1000 unrolls all.
+    params = _start_params()
+    config = LocalTraining(4, 2, loop="scan", scan_unroll=scan_unroll)
+    hparams = LocalHParams(lr=jnp.float32(0.1))
+    for client in (1, 3):
+        key = jax.random.key(client)
+        result = _local_sgd(TASK, params, POPULATION, jnp.int32(client), key, hparams, config)
+        orders = epoch_orders(key, POPULATION.counts[client], POPULATION.max_count, 2)
+        data = POPULATION.client(client)
+        kernel, bias, steps = local_sgd_reference(
+            params["dense"]["kernel"], params["dense"]["bias"], data["x"], data["y"],
+            np.asarray(orders), batch_size=4, num_epochs=2, lr=0.1, l2=0.0, mu=0.0, max_steps=None,
+        )
+        assert int(result.num_steps) == steps
+        np.testing.assert_allclose(result.params["dense"]["kernel"], kernel, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(result.params["dense"]["bias"], bias, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 4, 16, 128])
 def test_client_loss_and_error_matches_reference(chunk_size):
     params = _start_params()
@@ -197,6 +217,7 @@ def test_client_loss_and_error_matches_reference(chunk_size):
         (dict(batch_size=2, num_epochs=0), "num_epochs"),
         (dict(batch_size=2, max_steps=0), "max_steps"),
         (dict(batch_size=2, loop="for"), "loop"),
+        (dict(batch_size=2, scan_unroll=0), "scan_unroll"),
     ],
 )
 def test_local_training_rejects_bad_shapes(kwargs, message):
