@@ -41,8 +41,12 @@ PARTITION_DEFAULTS: Mapping[str, Any] = {
 
 
 def partition_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The shared partition options out of a loader's arguments (`locals()`)."""
-    return {name: values[name] for name in PARTITION_DEFAULTS}
+    """The shared partition options out of a loader's arguments (`locals()`), validated.
+
+    Loaders call this before they look for files, so that a bad option is
+    reported as such even where the files are missing.
+    """
+    return check_partition_options({name: values[name] for name in PARTITION_DEFAULTS})
 
 
 def unused_partition_options(given: Mapping[str, Any]) -> list[str]:
