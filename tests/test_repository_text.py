@@ -20,7 +20,7 @@ AREAS = {
 }
 PATTERNS = {
     "a path into shared/": re.compile(r"(?:\.\./)?\bshared/(?:papers|notes|peers)\b|\.\./shared\b"),
-    "a bare paper id": re.compile(r"(?<![\w.\-/])00[0-4](?![\w.])"),
+    "a bare paper id": re.compile(r"(?<![\w.,\-/])00[0-4](?![\w.,])"),
     "the notes' name for the thesis digest": re.compile(r"thesis-spec", re.IGNORECASE),
     "a team word": re.compile(r"\b(?:the peers|main job)\b", re.IGNORECASE),
 }
