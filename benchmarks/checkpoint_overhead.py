@@ -17,7 +17,7 @@ come out below zero), the loop's own clock around each save (copying to the
 host and handing to orbax, which writes in the background), the default
 interval's overhead (default over none, minus 1) and the overhead the
 per-checkpoint cost predicts at the default interval (cost / 120 s).
-Workloads: `main` (the main job: label-shift, linear model, 2,000 rounds,
+Workloads: `main` (the quick-start run: label-shift, linear model, 2,000 rounds,
 FedAvg and Δ-FL) and `mlp-4m` (the large-model case on this CPU: an MLP of
 two 2,048-wide layers, 4.3M parameters, 16 MB, on 500 label-shift clients,
 60 rounds of 10 clients; its evaluation kept small so that a run takes about

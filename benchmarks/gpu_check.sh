@@ -3,12 +3,12 @@
 # H100, 2026-11-27: where a round's time goes"). In order of importance, each step under its
 # own time limit so that a failure or a slow step loses only itself:
 #
-# 1. `round_profile.py` on the README's main job (label-shift) and emnist-linear with the
+# 1. `round_profile.py` on the README's quick-start run (label-shift) and emnist-linear with the
 #    default local loop, the cohort sampler as it is and as it was before it was vectorized
 #    (alternated, in one process), each timed and profiled: kernels, copies, driver calls and
-#    device time per phase of a round; Δ-FL on the main job; one round per compiled call
+#    device time per phase of a round; Δ-FL on the quick-start run; one round per compiled call
 #    against the default;
-# 2. the ConvNet; 3. the tests marked `gpu`; 4. a 64-setting sweep; 5. the CLI's main job
+# 2. the ConvNet; 3. the tests marked `gpu`; 4. a 64-setting sweep; 5. the CLI's quick-start run
 #    as a user runs it.
 # EXPLORE=1 adds the grid that chose the defaults: every local loop under XLA's default
 # flags, with while loops inside CUDA graphs (command buffers with WHILE), with known-count
@@ -68,7 +68,7 @@ timeout 120 python3 benchmarks/rounds_per_second.py --workload emnist-linear --s
   --repeats 2 > "$OUT/sweep.log" 2>&1
 echo "exit $?"; tail -1 "$OUT/sweep.log" | tee "$OUT/sweep.jsonl" | cut -c1-400
 
-echo "== the main job (jaxfl run, defaults)"
+echo "== the quick-start run (jaxfl run, defaults)"
 start=$(date +%s.%N)
 timeout 90 python3 -c "import sys; from jaxfl.cli import main; sys.exit(main(['run', '--out', '/tmp/main-job']))" \
   > "$OUT/main-job.log" 2>&1

@@ -9,7 +9,7 @@ the machine's drift hits all of them. A run's speed is its steady rounds per
 second from `timing.json` (compilation excluded); the best of the repeats is
 reported, with each variant's ratio to FedAvg's on the same workload.
 
-Workloads: `main` (the main job's dataset and defaults: label-shift, linear
+Workloads: `main` (the quick-start run's dataset and defaults: label-shift, linear
 model, 100 clients per round, 2,000 rounds), `main-split` (the same with each
 client's examples split 72/8/20 into its own training, validation and test
 data, which Ditto's dynamic lambda needs) and `fmnist` (the thesis's
@@ -31,7 +31,7 @@ from pathlib import Path
 
 WORKLOADS = {
     "main": [],
-    # The main job with each client's own 72/8/20 split (what Ditto's dynamic lambda chooses on).
+    # The quick-start run with each client's own 72/8/20 split (what Ditto's dynamic lambda chooses on).
     "main-split": ["--client-split", "0.2", "--client-validation-split", "0.08"],
     "fmnist": [
         "--dataset", "fashion-mnist", "--dataset-option", "partition=ditto", "--model", "convnet",

@@ -168,7 +168,7 @@ WORKLOADS = {
     ),
     "emnist-cnn": dict(dataset=("peer-benchmark", {}), model="convnet", batch=16, lr=0.05),
     "population": dict(dataset=("many-clients", {}), model="linear", batch=10, lr=0.05),
-    # The README's main job (`jaxfl run`'s defaults): 2,500 clients, 100 a round.
+    # The README's quick-start run (`jaxfl run`'s defaults): 2,500 clients, 100 a round.
     "label-shift": dict(dataset=("label-shift", {}), model="linear", batch=10, lr=0.1),
     "shakespeare-lstm": dict(
         dataset=("shakespeare", {"layout": "sequence", "sequence_length": 80, "vocabulary": "fedjax",

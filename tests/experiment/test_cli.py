@@ -1,4 +1,4 @@
-"""The `jaxfl` command: the main job's files, determinism, and every bad input."""
+"""The `jaxfl` command: the quick-start run's files, determinism, and every bad input."""
 
 import json
 import shutil
@@ -58,7 +58,7 @@ def test_run_writes_its_files(finished_run):
 
 
 def test_default_compares_fedavg_and_deltafl(tmp_path, capsys):
-    # No --algorithm: the main job's comparison, one subdirectory per
+    # No --algorithm: the quick-start run's comparison, one subdirectory per
     # algorithm (each with the four files) and a comparison table.
     out = tmp_path / "both"
     args = [a for a in TINY if a not in ("--algorithm", "fedavg")]
