@@ -8,7 +8,7 @@
     jaxfl report DIR [DIR ...] [--out REPORT_DIR]
     jaxfl list
 
-`jaxfl run` with no arguments is the main job: FedAvg on the label-shift
+`jaxfl run` with no arguments is the quick-start run: FedAvg on the label-shift
 dataset, printing a table of the test-error summary. Every setting of
 `jaxfl.experiment.config.RunConfig` is a flag and a config-file key; flags
 override the file. Invalid settings exit with status 2 and one line naming
@@ -121,7 +121,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaxfl", description="Federated learning simulation in JAX.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = commands.add_parser("run", help="train and evaluate (the main job)")
+    run = commands.add_parser("run", help="train and evaluate (with no arguments: the quick-start run)")
     _add_run_arguments(run)
     _add_resume_argument(run)
     sweep = commands.add_parser(

@@ -4,16 +4,20 @@ Both must be applied before JAX initializes its CPU backend (the first
 array or device query); afterwards they are silently left as they are.
 
 * One XLA device per core. XLA:CPU runs the many small operations of local
-  training on one thread per device; with one device per core the sharded
-  client strategy keeps every core busy (emnist-linear on 2 cores: 7.1
-  rounds/s sharded over 2 devices against 4.9 on one; benchmarks/RESULTS.md).
+  training on one thread per device, so with a single device a round uses
+  one core; with one device per core the sharded client strategy keeps every
+  core busy (measured: docs/strategies.md, section
+  "The measurements behind them").
 * Library fusions. XLA:CPU hands some fusions to the YNNPACK library. Its
-  convolutions ran the EMNIST ConvNet's local step at 26 ms against 12 ms
-  with only its matrix products (`individual_dot`), while the linear
-  workloads ran at the same speed either way (2-core x86, jaxlib 0.10.2,
-  2026-11-26; docs/strategies.md). The flag is experimental and its name
-  may change, and XLA aborts on unknown flags, so it is set only on jaxlib
-  versions where it was measured, and never over a user's own setting.
+  convolutions made the EMNIST ConvNet's local step slower than with only
+  its matrix products (`individual_dot`), while the linear workloads ran at
+  the same speed either way (measured: benchmarks/RESULTS.md, sections
+  "The ConvNet on CPU: a layout bug in autodiff, found and fixed" and
+  "NVIDIA H100 80GB HBM3 (JAX 0.11.2, CUDA 13), 2026-11-27: where a round's time goes (issue 27)",
+  its paragraph on XLA:CPU's library flags). The flag is experimental and
+  its name may change, and XLA aborts on unknown flags, so it is set only on
+  the jaxlib versions where it was measured (`MEASURED_JAXLIB_PREFIXES`),
+  and never over a user's own setting.
 """
 
 from __future__ import annotations

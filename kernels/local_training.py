@@ -1,13 +1,15 @@
 """Pallas kernel: all of one client's local SGD steps in one program, for dense ReLU stacks.
 
-Local training of a linear or fully connected model (004 Algorithm 1 line 8;
-FedProx's proximal term and l2 as in `jaxfl.training.local.local_sgd`):
+Local training of a linear or fully connected model (Pillutla et al. 2023,
+Algorithm 1 line 8; FedProx's proximal term and l2 as in
+`jaxfl.training.local.local_sgd`):
 
     w <- (1 - lr * l2) w - lr * (grad F_i(w; batch) + mu (w - anchor)),
 
 S dependent steps per client. Run as XLA operations, each step is ~20 small
-kernels per layer and a round is latency-bound (2.4 ms for emnist-linear on
-an H100 whatever the width, benchmarks/RESULTS.md). Here one program
+kernels per layer and a round is latency-bound: its time does not change
+with the model's width (measured: benchmarks/RESULTS.md, section
+"NVIDIA H100 80GB HBM3 (JAX 0.11.2, CUDA 13), 2026-11-25"). Here one program
 instance (grid axis 0 = the client) runs all its steps: it copies the start
 weights into its own output rows once, then each step gathers only the
 minibatch rows it needs from the packed population, runs the forward pass,
@@ -37,6 +39,11 @@ own length).
 pure-jnp reference with the same signature (jax.grad of the same loss, one
 client at a time under `vmap`), and `fused_local_sgd_kernel` the kernel
 body. `jaxfl.training.fused` connects them to rounds.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -131,8 +138,8 @@ class Schedule:
 
     Only the default of `jaxfl.training.fused.SCHEDULE` (8 warps, tile loop,
     1 stage) has been checked natively against the reference (the tests
-    marked `gpu`); the others were timed on an H200 (benchmarks/RESULTS.md),
-    not checked.
+    marked `gpu`); the others were only timed, not checked (benchmarks/RESULTS.md, section
+    "NVIDIA H200 (JAX 0.11.2, CUDA 13), 2026-11-26: the fused local-training kernel (issue 14)").
 
     Attributes:
       num_warps: warps per program.

@@ -1,20 +1,25 @@
 """Pallas kernel: the clients' noisy hierarchical histograms and their secure sum.
 
-The hot path of `jaxfl.primitives.dp_quantile` (004 Algorithm 2, lines 1-3):
-every client i one-hot encodes its level-0 bin in the 2b - 2 nodes of the
-tree, scales by c, adds its discrete Gaussian noise and reduces modulo M; the
-secure sum adds the n messages modulo M. The reference materializes the
-[n, 2b - 2] messages; the kernel builds each block of clients' messages on
-chip and writes one partial modular sum per block (the wrapper adds the
-partial sums), so only the noise is read from memory. Sampling the noise stays
-outside (the discrete Gaussian sampler is a rejection loop, and Pallas PRNG is
-TPU-only).
+The hot path of `jaxfl.primitives.dp_quantile` (Pillutla et al. 2023,
+Algorithm 2, lines 1-3): every client i one-hot encodes its level-0 bin in
+the 2b - 2 nodes of the tree, scales by c, adds its discrete Gaussian noise
+and reduces modulo M; the secure sum adds the n messages modulo M. The
+reference materializes the [n, 2b - 2] messages; the kernel builds each
+block of clients' messages on chip and writes one partial modular sum per
+block (the wrapper adds the partial sums), so only the noise is read from
+memory. Sampling the noise stays outside (the discrete Gaussian sampler is a
+rejection loop, and Pallas PRNG is TPU-only).
 
 `noisy_histogram_sum_kernel` is the kernel body, `noisy_histogram_sum` the
 jitted wrapper (with `interpret=True` it runs on CPU), and
 `noisy_histogram_sum_reference` the pure-jnp reference with the same
 signature. `jaxfl.primitives` does not call this kernel (see
 docs/primitives.md: no accelerator measurement exists yet).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -5,16 +5,22 @@ Q = min { a in support : sum_{a_j > a} w_j <= theta sum(w) } is found by
 bisection on the 32-bit pattern of the losses: floats are mapped to uint32
 keys with the same order, and 32 halvings of the key range, each one masked
 row sum of the weights above the midpoint, land exactly on Q. The
-superquantile weights then follow in one more pass (004 eq. 10, with the
-boundary mass shared by the ties at Q, as in `jaxfl.primitives`). That is
-33 passes of O(n) work per row with no data movement, instead of a sort,
-which is slow on XLA:CPU and heavy on accelerators for many small rows.
+superquantile weights then follow in one more pass (Pillutla et al. 2023,
+eq. 10, with the boundary mass shared by the ties at Q, as in
+`jaxfl.primitives`). That is 33 passes of O(n) work per row with no data
+movement, instead of a sort, which is slow on XLA:CPU and heavy on
+accelerators for many small rows.
 
 `tail_selection_kernel` is the kernel body, `tail_selection` the jitted
 wrapper with `interpret`, and `tail_selection_reference` the pure-jnp
 reference with the same signature: the sort-based primitives
 `tail_threshold` and `superquantile_weights`, vmapped over rows. The
 primitives do not call this kernel (see docs/primitives.md).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ global L2 norm over all leaves, clip(y, tau) = y min(1, tau / ||y||), and
 never divide by a zero norm (a zero vector is left as it is).
 
 References:
-  [thesis 5.7] shared/notes/thesis-spec.md, section 5.7 ("clipping").
-  [protocols 7] shared/notes/benchmark-protocols.md, section 7 (centered
-    clipping in the current standard set).
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+    Section 5.3.3 and Appendix 5.7.4 (clipping at the median norm).
   [CC] S. P. Karimireddy, L. He, M. Jaggi. Learning from History for
     Byzantine Robust Optimization. ICML 2021.
+  [ByzFL] The ByzFL library (github.com/LPD-EPFL/byzfl), whose standard set
+    of robust aggregators includes centered clipping.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def norm_clipping() -> Aggregator:
     `clip_threshold` = tau (0 when nobody takes part).
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("clipping:
-        threshold tau_t = median of the selected updates' L2 norms at round
-        t ... then simple average"; simple average = equal weights here).
+      [Li 2023], Appendix 5.7.4: the threshold is "the median of the
+        gradient norms coming from all selected devices at each round",
+        then the clipped updates are averaged (a simple average: equal
+        weights here).
     """
 
     def aggregate(updates, weights, state, losses=None):
@@ -88,8 +91,9 @@ def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
     model deltas (learning rate times the sum of local steps), usually much
     smaller, so 100 would rarely clip anything; at 10 benign deltas are
     mostly left as they are while a model-replacement update (A3: a delta
-    scaled 10x, thesis-spec 5.6) is cut down. tau is scale-dependent: tune
-    it to the task's delta norms (the `update_norm` metric of a clean run).
+    scaled 10x, the thesis's cohort size; [Li 2023] Section 5.3.1 and
+    Appendix 5.7.2) is cut down. tau is scale-dependent: tune it to the task's delta
+    norms (the `update_norm` metric of a clean run).
 
     Args:
       radius: tau > 0. Default 10.
@@ -101,8 +105,7 @@ def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
 
     References:
       [CC] Karimireddy, He, Jaggi 2021, Algorithm "centered clipping" (eq. 2,
-        with v initialized at the previous round's aggregate);
-        [protocols 7].
+        with v initialized at the previous round's aggregate); [ByzFL].
     """
     radius = base.check_float("centered-clipping", "radius", radius, low=0.0, low_open=True)
     iterations = base.check_int("centered-clipping", "iterations", iterations, 1)

@@ -5,11 +5,13 @@ clients' updates. The median and the trimmed mean sort along the client axis
 only (`lax.sort` of the values with their weights).
 
 References:
-  [thesis 5.7] shared/notes/thesis-spec.md, section 5.7 (robust aggregation
-    baselines of the thesis' chapter 5: median; trimmed mean as a standard
-    definition the thesis does not contain).
-  [protocols 7] shared/notes/benchmark-protocols.md, section 7 (the current
-    standard set of robust aggregators).
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+    Section 5.3.3 and Appendix 5.7.4 (the robust aggregation baselines of
+    its chapter 5: the median; the trimmed mean, a standard definition, is
+    not among them).
+  [ByzFL] The ByzFL library (github.com/LPD-EPFL/byzfl), whose standard set
+    of robust aggregators includes the median and the trimmed mean.
   D. Yin, Y. Chen, K. Ramchandran, P. Bartlett. Byzantine-Robust
     Distributed Learning: Towards Optimal Statistical Rates. ICML 2018.
 """
@@ -40,7 +42,7 @@ def mean() -> Aggregator:
     (it drops nothing).
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 2.1 (FedAvg) and 5.7.
+      [Li 2023], Section 3.2.1, Algorithm 1 (FedAvg) and Section 5.3.3.
     """
 
     def aggregate(updates, weights, state, losses=None):
@@ -90,8 +92,8 @@ def median() -> Aggregator:
     the median).
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("median:
-        coordinate-wise median"); Yin et al. 2018.
+      [Li 2023], Appendix 5.7.4 ("'median' means coordinate-wise
+        median"); Yin et al. 2018.
     """
 
     def aggregate(updates, weights, state, losses=None):
@@ -140,10 +142,9 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
       ValueError: beta outside [0, 0.5).
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 (not in the
-        thesis; the standard definition "per coordinate, drop the
-        floor(beta K) largest and smallest values and average the rest");
-        [protocols 7]; Yin et al. 2018.
+      Not in [Li 2023]: the standard definition (per coordinate, drop the
+        floor(beta K) largest and smallest values and average the rest);
+        [ByzFL]; Yin et al. 2018.
     """
     beta = base.check_float("trimmed-mean", "beta", beta, low=0.0, high=0.5)
 

@@ -1,13 +1,16 @@
 """Aggregators that select clients: Krum, multi-Krum, k-norm and k-loss.
 
 `byzantine` (f) is the number of malicious clients per round the server
-assumes; thesis-spec 5.7 sets it to int(K * N_mal / N), K clients per round
+assumes; the thesis (Li 2023, Section 5.3.3 and Appendix 5.7.4) sets it to
+the expected number, int(K * N_mal / N) in its code, K clients per round
 out of N with N_mal malicious. It is a Python int fixed when the aggregator is
 built; the number of participating clients n is traced, so every count below
 adapts to the clients that actually take part.
 
 References:
-  [thesis 5.7] shared/notes/thesis-spec.md, section 5.7 (thesis App. 5.7.4).
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+    Section 5.3.3 and Appendix 5.7.4 (the robust aggregation baselines).
   [Krum] P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer. Machine
     Learning with Adversaries: Byzantine Tolerant Gradient Descent. NeurIPS
     2017.
@@ -60,9 +63,9 @@ def krum(byzantine: int = 0) -> Aggregator:
       ValueError: byzantine not an int >= 0.
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("Krum"; the
-        thesis' code sums the k + 1 smallest distances including the zero to
-        itself, the same score); Blanchard et al. 2017.
+      [Li 2023], Section 5.3.3 (Krum; the thesis' code sums the k + 1
+        smallest distances including the zero to itself, the same score);
+        Blanchard et al. 2017.
     """
     byzantine = base.check_int("krum", "byzantine", byzantine, 0)
 
@@ -96,9 +99,8 @@ def multi_krum(byzantine: int = 0, selected: int = 0) -> Aggregator:
       ValueError: an option not an int >= 0.
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("multi-Krum:
-        average of the m = K - f updates with the lowest Krum scores");
-        Blanchard et al. 2017.
+      [Li 2023], Section 5.3.3 (multi-Krum: the average of the m = K - f
+        updates with the lowest Krum scores); Blanchard et al. 2017.
     """
     byzantine = base.check_int("multi-krum", "byzantine", byzantine, 0)
     selected = base.check_int("multi-krum", "selected", selected, 0)
@@ -134,9 +136,10 @@ def k_norm(byzantine: int = 0) -> Aggregator:
       ValueError: byzantine not an int >= 0.
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("k-norm: discard
-        the k = f updates with the largest norms and average the rest"; the
-        thesis' stand-in for a gradient-norm anomaly detector).
+      [Li 2023], Appendix 5.7.4 (k-norm: "we filter out the updates with
+        the k largest norms where k is set to the expected number of
+        malicious devices", and average the rest; the thesis' stand-in for
+        the gradient-norm based anomaly detector of its Section 2.3).
     """
     byzantine = base.check_int("k-norm", "byzantine", byzantine, 0)
 
@@ -170,9 +173,8 @@ def k_loss(byzantine: int = 0) -> Aggregator:
         `[M]` (when called).
 
     References:
-      [thesis 5.7] shared/notes/thesis-spec.md section 5.7 ("k-loss: use only
-        the update of the device with the (k+1)-th largest training loss,
-        k = f", thesis App. 5.7.4).
+      [Li 2023], Appendix 5.7.4 (k-loss: "we only use the model update
+        with the k+1-th largest training loss", k = f).
     """
     byzantine = base.check_int("k-loss", "byzantine", byzantine, 0)
 

@@ -3,11 +3,10 @@
 References:
   [RFA] K. Pillutla, S. M. Kakade, Z. Harchaoui. Robust Aggregation for
     Federated Learning. IEEE Transactions on Signal Processing, 2022
-    (code: krishnap25/RFA).
-  [thesis 5.7] shared/notes/thesis-spec.md, section 5.7 (geometric median as
-    a standard definition the thesis does not contain).
-  [protocols 7] shared/notes/benchmark-protocols.md, section 7 (smoothed
-    Weiszfeld, RFA's defaults and stopping rule).
+    (code: github.com/krishnap25/RFA, with RFA's defaults and stopping
+    rule).
+  [RFA-TFF] The TensorFlow Federated port of RFA
+    (github.com/google-research/federated, robust_aggregation).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ def geometric_median(nu: float = 1e-6, max_iterations: int = 4, ftol: float = 1e
 
     References:
       [RFA] Pillutla, Kakade, Harchaoui 2022, the smoothed Weiszfeld
-        algorithm; [protocols 7]; [thesis 5.7].
+        algorithm; [RFA-TFF].
     """
     nu = base.check_float("geometric-median", "nu", nu, low=0.0, low_open=True)
     max_iterations = base.check_int("geometric-median", "max_iterations", max_iterations, 1)

@@ -1,13 +1,16 @@
 """Agnostic federated learning, AFL (Mohri, Sivek, Suresh, ICML 2019).
 
 Objective: min_w max_{lambda in simplex} sum_k lambda_k F_k(w), the worst
-mixture of the N training clients (Delta-FL's objective as theta -> 0, 004
-Section 7.2; q-FFL's as q -> infinity, thesis section 4.3.3).
+mixture of the N training clients (Delta-FL's objective as theta -> 0,
+Pillutla et al. 2023, Section 7.2; q-FFL's as q -> infinity, Li 2023
+(thesis), Section 4.3.3).
 
 Stochastic gradient descent-ascent, as in Mohri et al.'s Stochastic-AFL and
-the authors' implementation used by the thesis (`shared/notes/thesis-spec.md`
-section 4.6: w <- w - gamma_w sum_k lambda_k g_k, lambda <- Proj(lambda +
-gamma_lambda F)), on the engine's uniformly sampled cohort S of m clients:
+the authors' implementation used by the thesis (litian96/fair_flearn,
+`flearn/trainers/afl.py`; the thesis, Section 4.3.3 and Appendix 4.6.2, does
+not write the rule out: w <- w - gamma_w sum_k lambda_k g_k, lambda <-
+Proj(lambda + gamma_lambda F)), on the engine's uniformly sampled cohort S of
+m clients:
 
 * w step: each client of S runs the usual local training from w_t and the
   server averages the updates with the mixture weights,
@@ -30,9 +33,18 @@ mean; `clients_with_weight` = 0 records it). The model evaluated is the last
 iterate, as for every algorithm here (Mohri et al. and the thesis's code
 report the average of the iterates).
 
-The papers' practical stand-in, "AFL as q-FFL with large q" (q = 10; 004
-Section 7.2 and Appendix C.2), is `jaxfl.algorithms.qffl` under the
-registry name 'afl-qffl'.
+The papers' practical stand-in, "AFL as q-FFL with large q" (q = 10;
+Pillutla et al. 2023, Section 7.2 and Appendix C.2), is
+`jaxfl.algorithms.qffl` under the registry name 'afl-qffl'.
+
+References:
+  [Mohri et al. 2019] M. Mohri, G. Sivek, A. T. Suresh. Agnostic Federated
+    Learning. ICML 2019.
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

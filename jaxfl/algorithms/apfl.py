@@ -1,8 +1,8 @@
-"""APFL (Deng, Kamani and Mahdavi 2020), a personalization baseline of thesis section 5.5.
+"""APFL (Deng, Kamani and Mahdavi 2020), a personalization baseline of Li 2023 (thesis), App. 5.6.2.
 
 Adaptive Personalized Federated Learning, as the thesis compares it
-(`shared/notes/thesis-spec.md` section 5.5: "interpolate local and global
-models", alpha = 0.5 by default in the authors' code). Client k keeps a
+(Appendix 5.6.2: APFL "proposes to interpolate between local and global
+models"; alpha = 0.5 by default in the authors' code). Client k keeps a
 local model v_k (stateful, like Ditto's personal models; all v_k^0 = w^0),
 and its personal model is the mixture
 
@@ -45,6 +45,12 @@ is then alpha_k v_k + (1 - alpha_k) w; the state's `clients` holds
 {'local': v_k, 'alpha': alpha_k}, and the round reports the cohort's mean
 alpha_k ('apfl_alpha_mean'). The thesis's comparison uses a fixed alpha (0.5,
 the code's default): `alpha_lr` = 0, the default.
+
+References:
+  [Deng et al. 2020] Y. Deng, M. M. Kamani, M. Mahdavi. Adaptive
+    Personalized Federated Learning. arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

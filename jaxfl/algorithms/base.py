@@ -10,6 +10,11 @@ Numeric hyperparameters (learning rates, l2, theta, mu, ...) live in the
 state as scalar arrays, so a sweep is the same round vmapped over a stacked
 state; shape-setting ones (clients per round, batch size, epochs) are fixed
 when the algorithm is built.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -211,7 +216,7 @@ def apply_server_update(
 
 
 def local_learning_rate(hparams: Mapping[str, jax.Array], round_index: jax.Array):
-    """Step decay lr0 * c ** floor(t / t0) of 004 Appendix C.2 (constant: c = 1)."""
+    """Step decay lr0 * c ** floor(t / t0) of Pillutla et al. 2023, Appendix C.2 (constant: c = 1)."""
     exponent = jnp.floor(round_index / hparams["lr_decay_period"])
     return hparams["lr"] * hparams["lr_decay"] ** exponent
 

@@ -1,72 +1,88 @@
 """Delta-FL: federated learning of the superquantile of the client losses.
 
-Objective (004 eq. 6; 000 eq. 1-2 with data weights alpha_i): minimize the
-(1 - theta)-superquantile of the losses F_1(w), ..., F_N(w), i.e. the worst
-mixture of the clients' distributions with weights pi_i <= alpha_i / theta
-(004 Property 1; 000 Section 3).
+Objective (Pillutla et al. 2023, eq. 6; Laguel et al. 2020, eq. 1-2 with
+data weights alpha_i): minimize the (1 - theta)-superquantile of the losses
+F_1(w), ..., F_N(w), i.e. the worst mixture of the clients' distributions
+with weights pi_i <= alpha_i / theta (Pillutla et al. 2023, Property 1;
+Laguel et al. 2020, Section 3).
 
-One round (004 Algorithms 1 and 3; 000 Algorithms 2 and 3):
+One round (Pillutla et al. 2023, Algorithms 1 and 3; Laguel et al. 2020,
+Algorithms 2 and 3):
 
 1. sample m clients uniformly without replacement;
 2. each sampled client computes F_i(w_t) on all its data (before training);
 3. the server turns the losses into aggregation weights pi, by one of
    (`reweighting`):
 
-   * 'threshold' (004 Algorithm 1 lines 3-5, eq. 10; 000 Algorithm 2 lines
-     5-6): Q = the weighted (1 - theta)-quantile of the cohort's losses,
-     pi_i ∝ alpha_i 1[F_i >= Q]. Which quantile: the largest loss Q whose
-     clients at or above it carry at least theta of the weight
-     (`filter_threshold`). When theta m is an integer the minimizers eta of
-     000 eq. 2 form an interval, and this is its upper end: the filter then
-     keeps exactly the theta m largest losses (uniform alpha, no ties) and
-     Algorithm 1 equals Algorithm 3, as 004 Proposition 3(c) states; the
-     lower end (`tail_threshold`, inf{eta : P(Z > eta) <= theta}) would keep
-     one client more. Otherwise both ends coincide: ceil(theta m) clients;
-   * 'exact' (004 Algorithm 3 line 3, eq. 9): pi = argmax of sum_i pi_i F_i
-     over the simplex with pi_i <= alpha_i / (theta sum_S alpha)
-     (`superquantile_weights`), which gives the boundary client its
+   * 'threshold' (Pillutla et al. 2023, Algorithm 1 lines 3-5, eq. 10;
+     Laguel et al. 2020, Algorithm 2 lines 5-6): Q = the weighted
+     (1 - theta)-quantile of the cohort's losses, pi_i ∝ alpha_i 1[F_i >= Q].
+     Which quantile: the largest loss Q whose clients at or above it carry at
+     least theta of the weight (`filter_threshold`). When theta m is an
+     integer the minimizers eta of Laguel et al. 2020, eq. 2 form an interval,
+     and this is its upper end: the filter then keeps exactly the theta m
+     largest losses (uniform alpha, no ties) and Algorithm 1 equals
+     Algorithm 3, as Pillutla et al. 2023, Proposition 3(c) states; the lower
+     end (`tail_threshold`, inf{eta : P(Z > eta) <= theta}) would keep one
+     client more. Otherwise both ends coincide: ceil(theta m) clients;
+   * 'exact' (Pillutla et al. 2023, Algorithm 3 line 3, eq. 9): pi = argmax of
+     sum_i pi_i F_i over the simplex with pi_i <= alpha_i / (theta sum_S
+     alpha) (`superquantile_weights`), which gives the boundary client its
      fractional weight;
-   * 'dp' (004 Algorithm 2): as 'threshold', with Q the differentially
-     private quantile of the losses clipped to [0, B] (`dp_quantile`: a
-     hierarchical histogram of b bins, discrete Gaussian noise sigma,
-     scaling c, secure sum modulo 2^bits). The histogram counts clients, so
-     this Q is the quantile of the *unweighted* cohort losses; the
+   * 'dp' (Pillutla et al. 2023, Algorithm 2): as 'threshold', with Q the
+     differentially private quantile of the losses clipped to [0, B]
+     (`dp_quantile`: a hierarchical histogram of b bins, discrete Gaussian
+     noise sigma, scaling c, secure sum modulo 2^bits). The histogram counts
+     clients, so this Q is the quantile of the *unweighted* cohort losses; the
      aggregation weights are still alpha_i 1[F_i >= Q];
-   * 'smoothed' (004 eq. 14-15): pi = argmax of sum_i pi_i F_i - nu
-     KL(pi || alpha) over the same set (`smoothed_superquantile_weights`;
-     with uniform alpha the KL is 004's D_S(pi)), which gives every client
-     positive weight;
+   * 'smoothed' (Pillutla et al. 2023, eq. 14-15): pi = argmax of
+     sum_i pi_i F_i - nu KL(pi || alpha) over the same set
+     (`smoothed_superquantile_weights`; with uniform alpha the KL is the
+     D_S(pi) of Pillutla et al. 2023), which gives every client positive
+     weight;
 
 4. the clients with pi_i > 0 run local SGD from w_t; the others have no
-   weight and do not train (000 Algorithm 2 line 7 trains only S'_t; 004
-   Algorithm 1 lets everyone train and multiplies by 0, which gives the
-   same model);
+   weight and do not train (Laguel et al. 2020, Algorithm 2 line 7 trains
+   only S'_t; Pillutla et al. 2023, Algorithm 1 lets everyone train and
+   multiplies by 0, which gives the same model);
 5. w_{t+1} = w_t + sum_i pi_i (w_i - w_t) / sum_i pi_i, through the server
    optimizer like FedAvg.
 
 With theta = 1 every reweighting except 'dp' gives pi = alpha / sum(alpha):
 Delta-FL is FedAvg. With uniform alpha, distinct losses and theta m an
-integer, 'threshold' and 'exact' coincide (004 Proposition 3(c)).
+integer, 'threshold' and 'exact' coincide (Pillutla et al. 2023,
+Proposition 3(c)).
 
-Threshold period T_eta (000 Algorithm 1 and Appendix C.3, Figures 17-18):
-for 'threshold' and 'dp', Q is recomputed at rounds t with t mod T_eta = 0
-and reused in between (it is kept in `state.extra['threshold']`); every
-round's clients still compare their own current loss F_i(w_t) with it, and
-when none reaches it the round makes no update (`clients_with_weight` = 0).
-T_eta = 1 is 000 Algorithm 2.
+Threshold period T_eta (Laguel et al. 2020, Algorithm 1 and Appendix C.3,
+Figures 17-18): for 'threshold' and 'dp', Q is recomputed at rounds t with
+t mod T_eta = 0 and reused in between (it is kept in
+`state.extra['threshold']`); every round's clients still compare their own
+current loss F_i(w_t) with it, and when none reaches it the round makes no
+update (`clients_with_weight` = 0). T_eta = 1 is Laguel et al. 2020,
+Algorithm 2.
 
-Filtering (000 Appendix B.1, Algorithm 3): with 'server', the server sees
-the losses and computes the weights (000 Algorithm 2 line 6); with
-'client', it only broadcasts Q, and each client decides alone, from its own
-loss, whether it passes (F_i >= Q: train and return weight alpha_i) or not
-(return weight 0 without training), so the server learns the weights only
-through the secure aggregate. The output is identical. (000 computes Q for
-this protocol by secure aggregation with majorization-minimization,
-`jaxfl.primitives.mm_quantile`; here Q is the same as with 'server'
-filtering, so that the two protocols can be compared exactly.)
+Filtering (Laguel et al. 2020, Appendix B.1, Algorithm 3): with 'server',
+the server sees the losses and computes the weights (Laguel et al. 2020,
+Algorithm 2 line 6); with 'client', it only broadcasts Q, and each client
+decides alone, from its own loss, whether it passes (F_i >= Q: train and
+return weight alpha_i) or not (return weight 0 without training), so the
+server learns the weights only through the secure aggregate. The output is
+identical. (Laguel et al. 2020 compute Q for this protocol by secure
+aggregation with majorization-minimization, `jaxfl.primitives.mm_quantile`;
+here Q is the same as with 'server' filtering, so that the two protocols can
+be compared exactly.)
 
-Metrics: `clients_with_weight` (000 Figure 16: clients that survive the
-filter), and for 'threshold'/'dp' the `threshold` Q used this round.
+Metrics: `clients_with_weight` (Laguel et al. 2020, Figure 16: clients
+that survive the filter), and for 'threshold'/'dp' the `threshold` Q used
+this round.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
 """
 
 from __future__ import annotations
@@ -120,7 +136,7 @@ def filter_threshold(losses: jax.Array, theta, weights: jax.Array) -> jax.Array:
 
 
 def client_passes(loss: jax.Array, alpha: jax.Array, threshold: jax.Array):
-    """One client's own decision under self-filtering (000 Algorithm 3 l. 10-15).
+    """One client's own decision under self-filtering (Laguel et al. 2020, Algorithm 3 l. 10-15).
 
     Args:
       loss: its F_i(w_t) (a scalar it computed itself).

@@ -1,7 +1,7 @@
-"""Ditto (thesis chapter 5): personal models next to any global algorithm.
+"""Ditto (Li 2023 (thesis), chapter 5): personal models next to any global algorithm.
 
-Each client k keeps a personal model v_k that solves (thesis eq. 5.1,
-`shared/notes/thesis-spec.md` section 5.1)
+Each client k keeps a personal model v_k that solves (the thesis's objective
+(Ditto), Section 5.2.1)
 
     min_v F_k(v) + lambda/2 ||v - w*||^2,
 
@@ -29,9 +29,9 @@ Keys: the cohort is G's (`round_keys(key, round).sampling`, the same draw),
 and client k's personal steps use `fold_in(keys.clients, k)`, the key of its
 global local training, hence its minibatches.
 
-Dynamic lambda (thesis section 5.3, the authors' `dynamic_lam`,
-`shared/notes/thesis-spec.md` section 5.3): with candidates Lambda, every
-personal step tries each lambda_j in Lambda,
+Dynamic lambda (thesis Section 5.3 and Appendix 5.7.2; the authors'
+`dynamic_lam`): with candidates Lambda, every personal step tries each
+lambda_j in Lambda,
 
     v_j = v - lr (grad F_k(v; batch) + lambda_j (v - w_t)),
 
@@ -41,6 +41,10 @@ among the least). A client with fewer than `MIN_VALIDATION_EXAMPLES`
 validation examples steps with the fixed lambda 'lam' (the thesis's
 small-device fallback). Each step then costs one gradient and |Lambda|
 passes over the client's validation examples.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

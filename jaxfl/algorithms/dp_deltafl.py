@@ -1,18 +1,18 @@
-"""DP Delta-FL: Delta-FL with end-to-end differential privacy (004 Algorithm 4).
+"""DP Delta-FL: Delta-FL with end-to-end differential privacy (Pillutla et al. 2023, Algorithm 4).
 
-One round (004 Appendix D.1, Algorithm 4, `shared/papers/
-004_81c8af14ec6ef25c.txt`):
+One round (Pillutla et al. 2023, Appendix D.1, Algorithm 4):
 
 1. sample m of the n training clients uniformly without replacement;
 2. each sampled client computes its loss F_i(w_t) on all its data;
 3. the (1 - theta)-quantile Q_t of the losses clipped to [0, B] is computed
-   with distributed DP by 004 Algorithm 2 (`jaxfl.primitives.dp_quantile`:
-   a hierarchical histogram of b bins, discrete Gaussian noise sigma_q per
-   client and node, integer scale c, secure sum modulo 2^bits);
+   with distributed DP by Pillutla et al. 2023, Algorithm 2
+   (`jaxfl.primitives.dp_quantile`: a hierarchical histogram of b bins,
+   discrete Gaussian noise sigma_q per client and node, integer scale c,
+   secure sum modulo 2^bits);
 4. the server broadcasts Q_t; each client decides alone whether it
    contributes, p_i = 1[F_i(w_t) >= Q_t] (Algorithm 4 lines 4 and 9, as in
-   000 Algorithm 3's self-filtering: the server never learns who passed),
-   and those clients run local SGD from w_t;
+   the self-filtering of Laguel et al. 2020, Algorithm 3: the server never
+   learns who passed), and those clients run local SGD from w_t;
 5. the secure aggregate releases s_t = sum_i p_i clip(w_i - w_t, C) +
    N(0, sigma_w^2 I), sigma_w = z 2C (`jaxfl.privacy.noise`);
 6. w_{t+1} = w_t + s_t / d_t through the server optimizer as -s_t / d_t
@@ -24,8 +24,9 @@ One round (004 Appendix D.1, Algorithm 4, `shared/papers/
      passed, and every round updates (a round in which nobody passed
      releases pure noise, as accounted).
    * 'exact' (the paper's): d_t = m_t = sum_i p_i, the exact number of
-     clients that passed, treated as public as 004 Appendix D assumes ("we
-     assume the number m^(t) of selected clients is publicly known"). m_t
+     clients that passed, treated as public as Pillutla et al. 2023,
+     Appendix D assumes ("we assume the number m^(t) of selected clients is
+     publicly known"). m_t
      changes by one when one client's data is replaced and is NOT covered by
      the accounting; the summary says so. When no client passes (m_t = 0)
      the round makes no update.
@@ -55,6 +56,14 @@ t).server)[0]`, the update's from the aggregation key `split(...)[1]`
 Metrics: 'threshold' Q_t, 'clients_with_weight' m_t, and as for DP-FedAvg
 'clipped_fraction' (of the contributing clients) and 'mean_update_norm'
 (simulation diagnostics, not DP releases).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
 """
 
 from __future__ import annotations
@@ -100,7 +109,7 @@ def dp_deltafl(
     dp_scale: int = 10,
     count: str = "fixed",
 ) -> FederatedAlgorithm:
-    """DP Delta-FL, 004 Algorithm 4 (see the module docstring).
+    """DP Delta-FL, Pillutla et al. 2023, Algorithm 4 (see the module docstring).
 
     Args:
       task: model and loss.

@@ -1,9 +1,9 @@
 """DP-FedAvg: FedAvg with client-level differential privacy (McMahan et al. 2018).
 
 One round (McMahan, Ramage, Talwar, Zhang, Learning Differentially Private
-Recurrent Language Models, ICLR 2018, with fixed-size cohorts; thesis
-Algorithm 10 with A = 1, `shared/notes/thesis-spec.md` section 7.5; 004
-Section 7.7 and Appendix D.2's baseline):
+Recurrent Language Models, ICLR 2018, with fixed-size cohorts; Li 2023
+(thesis), Algorithm 10 with A = 1, Section 6.4.2 and Appendix 6.6; the
+baseline of Pillutla et al. 2023, Section 7.7 and Appendix D.2):
 
 1. sample m of the n training clients uniformly without replacement;
 2. each runs local SGD from w_t (the engine's local training) and clips its
@@ -32,6 +32,15 @@ Round metrics beyond FedAvg's: 'clipped_fraction' (clients whose update was
 scaled down) and 'mean_update_norm' (before clipping), useful to choose C;
 like FedAvg's 'train_loss' they are computed from private data and are
 simulation diagnostics, not DP releases.
+
+References:
+  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
+    Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

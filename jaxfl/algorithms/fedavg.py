@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al. 2017).
 
-One round (004 Section 3.2; thesis Algorithm 1 with the experiments'
-weighting, `shared/notes/thesis-spec.md` section 2.2):
+One round (Pillutla et al. 2023, Section 3.2; Li 2023 (thesis), Algorithm 1
+with the weighting of its experiments, Sections 3.4.1 and 3.7.2):
 
 1. sample M of the N training clients uniformly without replacement;
 2. each runs local minibatch SGD from w_t (`jaxfl.training.local`);
@@ -11,14 +11,24 @@ weighting, `shared/notes/thesis-spec.md` section 2.2):
 4. a server optimizer takes -Delta as its gradient (SGD with learning rate
    1 gives w_{t+1} = w_t + Delta, plain FedAvg).
 
-With `stragglers` > 0 (systems heterogeneity, thesis section 3.4.2,
-thesis-spec 3.4): that fraction of the cohort are stragglers, and FedAvg
-*drops* them: they do not train and get zero weight (FedProx keeps their
-partial work, `jaxfl.algorithms.fedprox`). With `stragglers` = 0 (the
-default) none of this is in the compiled round.
+With `stragglers` > 0 (systems heterogeneity, thesis Section 3.4.2): that
+fraction of the cohort are stragglers, and FedAvg *drops* them: they do not
+train and get zero weight (FedProx keeps their partial work,
+`jaxfl.algorithms.fedprox`). With `stragglers` = 0 (the default) none of this
+is in the compiled round.
 
 Built on the round template every algorithm shares
 (`jaxfl.algorithms.round_template`).
+
+References:
+  [McMahan et al. 2017] H. B. McMahan, E. Moore, D. Ramage, S. Hampson,
+    B. Aguera y Arcas. Communication-Efficient Learning of Deep Networks
+    from Decentralized Data. AISTATS 2017.
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

@@ -1,17 +1,22 @@
-"""FedAvg-Sub: FedAvg on a random fraction theta of each cohort (004 Section 7.2).
+"""FedAvg-Sub: FedAvg on a random fraction theta of each cohort (Pillutla et al. 2023, Section 7.2).
 
 Delta-FL's weights are sparse: about theta m of the m sampled clients get a
-nonzero weight (004 Theorem 3, Remark 1). FedAvg-Sub is the baseline with
-the same number of effective clients: of the m sampled clients, a uniformly
-random subset of k = max(1, round(theta m)) trains and is averaged with
-weights alpha_i (004 Section 7.2; "FedAvg, theta" of Appendix C.2); the
-other m - k are inactive and run no local step. Rounding is half to even
-(Python's and NumPy's `round`). The subset is chosen from the round's keys
-(`jaxfl.algorithms.plans.random_subset_mask`), and theta is a traced
-hyperparameter, so sweeps over theta share one compiled round.
+nonzero weight (Pillutla et al. 2023, Theorem 3, Remark 1). FedAvg-Sub is the
+baseline with the same number of effective clients: of the m sampled clients,
+a uniformly random subset of k = max(1, round(theta m)) trains and is averaged
+with weights alpha_i (Pillutla et al. 2023, Section 7.2; "FedAvg, theta" of
+its Appendix C.2); the other m - k are inactive and run no local step.
+Rounding is half to even (Python's and NumPy's `round`). The subset is chosen
+from the round's keys (`jaxfl.algorithms.plans.random_subset_mask`), and theta
+is a traced hyperparameter, so sweeps over theta share one compiled round.
 
 In distribution this is FedAvg with k clients per round (a uniform subset of
 a uniform subset is uniform).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -1,21 +1,27 @@
-"""FedProx (Li et al. 2020; thesis chapter 3) with systems heterogeneity.
+"""FedProx (Li et al. 2020; Li 2023 (thesis), chapter 3) with systems heterogeneity.
 
 Each sampled client k inexactly minimizes the proximal local objective
 h_k(w; w_t) = F_k(w) + (mu / 2) ||w - w_t||^2 (thesis eq. 3.2) by local
 minibatch SGD, w <- (1 - lr l2) w - lr (grad F_k(w; batch) + mu (w - w_t))
-(`shared/notes/thesis-spec.md` section 3.1), and the server averages the
-local models with weights alpha_k (number of examples: the thesis's
-experiments, thesis-spec 2.2 and 3.2).
+(the authors' code, litian96/FedProx, `flearn/optimizer/pgd.py`), and the
+server averages the local models with weights alpha_k (number of examples:
+the thesis's experiments, Sections 3.4.1 and 3.7.2).
 
-Systems heterogeneity (thesis section 3.4.2, thesis-spec 3.4 and 12.4): a
-fraction `stragglers` of every cohort, re-drawn each round, are stragglers
-that run x local epochs with x uniform on {1, ..., E - 1} (the authors'
-code `np.random.randint(1, E)`; the thesis text says [1, E]), the others
-run E. FedProx *keeps* the stragglers' partial solutions (a variable amount
-of local work is its gamma-inexactness); FedAvg with the same `stragglers`
-drops them (`jaxfl.algorithms.fedavg`). Both draw the stragglers from the
-same keys, so at the same seed they see the same stragglers, as the thesis's
-comparison requires. With mu = 0 and no stragglers FedProx is FedAvg.
+Systems heterogeneity (thesis Section 3.4.2): a fraction `stragglers` of every
+cohort, re-drawn each round, are stragglers that run x local epochs with x
+uniform on {1, ..., E - 1} (the authors' code `np.random.randint(1, E)`; the
+thesis text says [1, E]), the others run E. FedProx *keeps* the stragglers'
+partial solutions (a variable amount of local work is its gamma-inexactness);
+FedAvg with the same `stragglers` drops them (`jaxfl.algorithms.fedavg`). Both
+draw the stragglers from the same keys, so at the same seed they see the same
+stragglers, as the thesis's comparison requires. With mu = 0 and no stragglers
+FedProx is FedAvg.
+
+References:
+  [Li et al. 2020] T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar,
+    V. Smith. Federated Optimization in Heterogeneous Networks. MLSys 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

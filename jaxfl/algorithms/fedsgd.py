@@ -1,4 +1,4 @@
-"""FedSGD: federated (full-batch) gradient descent (thesis-spec section 2.4).
+"""FedSGD: federated (full-batch) gradient descent (Li 2023 (thesis), Section 4.2.2).
 
 Every sampled client computes one gradient of F_k on all its local data at
 w_t, and the server steps with the alpha-weighted mean gradient and the
@@ -14,6 +14,10 @@ large as the largest client (`population.max_count`): one epoch of that
 batch size is exactly one full-batch step for every client, so its update
 is -lr grad F_k(w_t). The run's batch size and local epochs are therefore
 not used. q-FedSGD (`jaxfl.algorithms.qffl`) uses the same local step.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""L2SGD (Hanzely and Richtarik 2020), a personalization baseline of thesis section 5.5.
+"""L2SGD (Hanzely and Richtarik 2020), a personalization baseline of Li 2023 (thesis), App. 5.6.2.
 
 The objective of "Federated learning of a mixture of global and local
-models", as the thesis uses it (`shared/notes/thesis-spec.md` section 5.5):
+models", as the thesis uses it (Appendix 5.6.2):
 
     min over w_1..w_N of  sum_k F_k(w_k) + lambda/2 sum_k ||w_k - w_bar||^2,
     w_bar = (1/N) sum_k w_k.
@@ -24,6 +24,12 @@ State: `params` is w_bar (what the global evaluation reports), `clients`
 the personal models, leaves `[N, ...]` (evaluated as personal models, like
 Ditto's). Client k's key is `fold_in(keys.clients, k)`, so at the same seed
 it visits the minibatches of its FedAvg and Ditto training.
+
+References:
+  [Hanzely and Richtarik 2020] F. Hanzely, P. Richtarik. Federated
+    Learning of a Mixture of Global and Local Models. arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

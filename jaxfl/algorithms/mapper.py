@@ -1,9 +1,8 @@
-"""Mapper (Mansour, Mohri, Ro and Suresh 2020), a personalization baseline of thesis section 5.5.
+"""Mapper (Mansour, Mohri, Ro and Suresh 2020), a personalization baseline of Li 2023 (thesis), App. 5.6.2.
 
 Model interpolation, "one of the three personalization methods proposed in
 Mansour et al. that needs the minimal amount of meta-information" (thesis
-appendix 5.6.2, `shared/papers/002_*`; `shared/notes/thesis-spec.md`
-section 5.5). Client k keeps a local model u_k and a mixing weight lam_k;
+Appendix 5.6.2). Client k keeps a local model u_k and a mixing weight lam_k;
 its personal model is the interpolation
 
     h_k = lam_k u_k + (1 - lam_k) w,
@@ -42,6 +41,13 @@ slip). The code's final fine-tuning of h_k is not part of this algorithm
 
 Each local step costs 1 + |candidates| gradients (|candidates| + 1 passes
 of the client's steps), plus |candidates| passes over the client's data.
+
+References:
+  [Mansour et al. 2020] Y. Mansour, M. Mohri, J. Ro, A. T. Suresh. Three
+    Approaches for Personalization with Applications to Federated
+    Learning. arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Per-FedAvg (HF) (Fallah, Mokhtari and Ozdaglar 2020), a personalization baseline of thesis section 5.5.
+"""Per-FedAvg (HF) (Fallah, Mokhtari and Ozdaglar 2020), a personalization baseline of Li 2023, App. 5.6.2.
 
 Personalized FedAvg trains the global model w for the MAML objective
 
     min_w (1/N) sum_k F_k(w - alpha grad F_k(w)),
 
 so that one gradient step of size alpha on a client's own data gives a good
-personal model (`shared/notes/thesis-spec.md` section 5.5: "MAML-based,
-Hessian-free approximation; needs extra LR tuning"). Each local step of the
+personal model (Li 2023 (thesis), Appendix 5.6.2: it "applies MAML to
+personalize federated models with an Hessian-product approximation";
+Section 5.3.4: unlike the other baselines it "requires additional tuning"
+of the learning rate "to prevent divergence"). Each local step of the
 Hessian-free variant (their Algorithm 1 with the update of their eq. (10))
 reads three disjoint minibatches D, D', D'' of the client:
 
@@ -30,6 +32,13 @@ client k's training examples (the adaptation the objective trains for).
 
 Hyperparameters (traced, so sweeps vary them): 'perfedavg_alpha' (alpha)
 and 'perfedavg_delta' (delta).
+
+References:
+  [Fallah et al. 2020] A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized
+    Federated Learning with Theoretical Guarantees: A Model-Agnostic
+    Meta-Learning Approach. NeurIPS 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

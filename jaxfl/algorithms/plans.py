@@ -7,13 +7,23 @@ The pieces several algorithms share between sampling and local training:
   that are filtered out need not train at all);
 * `random_subset_mask`: a uniformly random subset of the cohort of a given
   (possibly traced) size, for FedAvg-Sub and for choosing stragglers;
-* `draw_stragglers`: the systems heterogeneity of FedProx (thesis chapter 3,
-  `shared/notes/thesis-spec.md` sections 3.4 and 12.4).
+* `draw_stragglers`: the systems heterogeneity of FedProx (Li 2023 (thesis),
+  Section 3.4.2).
 
 Randomness: a client's own random draws use `fold_in(key, client_id)`, so
 they do not depend on which other clients were sampled; choosing *which* of
 the cohort's clients form a subset of fixed size is a cohort-level choice
 (it ranks the clients by those per-client draws).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ def cohort_losses(
 ) -> tuple[jax.Array, jax.Array]:
     """F_i(w_t) and the misclassification error of w_t on each sampled client.
 
-    Each client evaluates the server model on all its examples (the loss 004
-    Algorithm 1 line 3 and 000 Algorithm 2 line 4 ask for), laid out on the
-    hardware like local training.
+    Each client evaluates the server model on all its examples (the loss
+    Pillutla et al. 2023, Algorithm 1 line 3 and Laguel et al. 2020,
+    Algorithm 2 line 4 ask for), laid out on the hardware like local
+    training.
 
     Args:
       task: model and loss.
@@ -104,7 +115,7 @@ def num_stragglers(clients_per_round: int, fraction: float) -> int:
     """M - round(M (1 - fraction)): the FedProx code's count, Python rounding.
 
     `active = np.random.choice(selected, round(K * (1 - drop_percent)))` in
-    litian96/FedProx (thesis-spec section 3.4); the others straggle.
+    litian96/FedProx (`flearn/trainers/fedprox.py`); the others straggle.
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"stragglers must be in [0, 1), got {fraction}")
@@ -125,13 +136,13 @@ def draw_stragglers(
 ) -> Stragglers:
     """Chooses `count` stragglers of the cohort and their numbers of epochs.
 
-    Thesis section 3.4.2 (thesis-spec 3.4): a fixed fraction of the selected
+    Li 2023 (thesis), Section 3.4.2: a fixed fraction of the selected
     devices are stragglers, re-drawn every round, that run x local epochs
     "chosen uniformly at random between [1, E]". We follow the authors' code,
     `np.random.randint(low=1, high=E)`, i.e. x uniform on {1, ..., E - 1}:
-    a straggler always does strictly less than a full client (thesis-spec
-    section 12.4 records the discrepancy; with E = 1 there is no such x, and
-    the code would fail too). The stragglers are the clients chosen by
+    a straggler always does strictly less than a full client (the thesis's
+    text and its code differ here; with E = 1 there is no such x, and the
+    code would fail too). The stragglers are the clients chosen by
     `random_subset_mask(split(key)[0], client_ids, count)`; client i draws
     its epochs from `fold_in(split(key)[1], client_id)`.
 

@@ -1,26 +1,27 @@
-"""q-FFL by q-FedAvg and q-FedSGD (Li et al. 2020; thesis chapter 4).
+"""q-FFL by q-FedAvg and q-FedSGD (Li et al. 2020; Li 2023 (thesis), chapter 4).
 
 Objective (thesis eq. 4.1): minimize sum_k p_k F_k(w)^(q+1) / (q + 1),
 q >= 0; larger q weights the clients of larger loss more, q = 0 is FedAvg's
 objective and q -> infinity tends to AFL's minimax.
 
-q-FedAvg (thesis Algorithm 4; `shared/notes/thesis-spec.md` sections 4.4
-and 11.2): every sampled client k computes F_k = F_k(w_t) on all its local
-data *before* training, runs the usual local SGD from w_t to w_k, and with
-L = 1 / lr (lr: this round's local learning rate, thesis-spec 4.2) and
-Delta w_k = L (w_t - w_k):
+q-FedAvg (thesis Algorithm 4, Section 4.2.2): every sampled client k
+computes F_k = F_k(w_t) on all its local data *before* training, runs the
+usual local SGD from w_t to w_k, and with L = 1 / lr (lr: this round's local
+learning rate; the step size tuned at q = 0, thesis Section 4.2.2, Lemma 1)
+and Delta w_k = L (w_t - w_k):
 
     Delta_k = F_k^q Delta w_k,
     h_k     = q F_k^(q-1) ||Delta w_k||^2 + L F_k^q
             = q F_k^(q-1) L^2 ||w_t - w_k||^2 + L F_k^q,
     w_{t+1} = w_t - sum_k alpha_k Delta_k / sum_k alpha_k h_k,
 
-with F_k + 1e-10 in place of F_k (the authors' code, thesis-spec 4.3).
+with F_k + 1e-10 in place of F_k (the authors' code, litian96/fair_flearn).
 
 q-FedSGD (thesis Algorithm 3): the same with Delta w_k = grad F_k(w_t), the
-full-local-data gradient (thesis-spec 4.3 and 12.10). It is q-FedAvg whose
-local training is FedSGD's single full-batch step (`jaxfl.algorithms.fedsgd`):
-then L (w_t - w_k) = grad F_k(w_t) exactly.
+full-local-data gradient (thesis Section 4.3.4 runs q-FedSGD as "gradient
+descent with the local training data"; the authors' code uses a minibatch). It
+is q-FedAvg whose local training is FedSGD's single full-batch step
+(`jaxfl.algorithms.fedsgd`): then L (w_t - w_k) = grad F_k(w_t) exactly.
 
 Sampling and weights: the thesis samples clients with probability p_k (in
 its experiments proportional to n_k) and sums uniformly over them. The
@@ -32,9 +33,18 @@ w_t) / sum alpha_k, FedAvg with the same weights. The update goes through
 the server optimizer as -Delta, like FedAvg's (SGD with learning rate 1 is
 the thesis's rule).
 
-"AFL as q-FFL with large q" (004 Section 7.2 and Appendix C.2: q = 10, "more
-stable convergence with similar performance" than AFL) is the registry entry
-'afl-qffl': this algorithm with q = 10 by default.
+"AFL as q-FFL with large q" (Pillutla et al. 2023, Section 7.2 and Appendix
+C.2: q = 10, "more stable convergence with similar performance" than AFL) is
+the registry entry 'afl-qffl': this algorithm with q = 10 by default.
+
+References:
+  [Li et al. 2020] T. Li, M. Sanjabi, A. Beirami, V. Smith. Fair Resource
+    Allocation in Federated Learning. ICLR 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -17,6 +17,31 @@ hyperparameter names in `state.hparams` are the same names. A built
 algorithm's `hparam_defaults` may hold only some of its declared
 hyperparameters (Delta-FL takes 'smoothing' only with the smoothed
 reweighting): `hparam_fields` says which apply.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [McMahan et al. 2017] H. B. McMahan, E. Moore, D. Ramage, S. Hampson,
+    B. Aguera y Arcas. Communication-Efficient Learning of Deep Networks
+    from Decentralized Data. AISTATS 2017.
+  [Mohri et al. 2019] M. Mohri, G. Sivek, A. T. Suresh. Agnostic Federated
+    Learning. ICML 2019.
+  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
+    Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Deng et al. 2020] Y. Deng, M. M. Kamani, M. Mahdavi. Adaptive
+    Personalized Federated Learning. arXiv preprint, 2020.
+  [Mansour et al. 2020] Y. Mansour, M. Mohri, J. Ro, A. T. Suresh. Three
+    Approaches for Personalization with Applications to Federated
+    Learning. arXiv preprint, 2020.
+  [Fallah et al. 2020] A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized
+    Federated Learning with Theoretical Guarantees: A Model-Agnostic
+    Meta-Learning Approach. NeurIPS 2020.
 """
 
 from __future__ import annotations
@@ -49,7 +74,7 @@ from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
-# The q of "AFL as q-FFL with large q" (004 Section 7.2, Appendix C.2).
+# The q of "AFL as q-FFL with large q" (Pillutla et al. 2023, Section 7.2, Appendix C.2).
 AFL_QFFL_Q = 10.0
 
 
@@ -154,7 +179,7 @@ SPECS: dict[str, AlgorithmSpec] = {
         lambda engine, options: fedavg_sub(
             engine.task, engine.local, engine.clients_per_round, **_shared(engine)
         ),
-        "FedAvg on a random fraction theta of each cohort (004 Section 7.2)",
+        "FedAvg on a random fraction theta of each cohort (Pillutla et al. 2023, Section 7.2)",
         hparams=("theta",),
     ),
     "fedsgd": AlgorithmSpec(
@@ -171,7 +196,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             stragglers=options["stragglers"],
             **_shared(engine),
         ),
-        "FedProx (thesis ch. 3): proximal term mu; keeps stragglers' partial work",
+        "FedProx (Li 2023, ch. 3): proximal term mu; keeps stragglers' partial work",
         hparams=("mu",),
         options={"stragglers": 0.0},
     ),
@@ -183,7 +208,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             variant=options["qffl_variant"],
             **_shared(engine),
         ),
-        "q-FFL (thesis ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
+        "q-FFL (Li 2023, ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
         hparams=("q",),
         options={"qffl_variant": "fedavg"},
     ),
@@ -202,7 +227,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             name="afl-qffl",
             **_shared(engine),
         ),
-        "AFL as q-FFL with large q (q = 10; 004 Section 7.2, Appendix C.2)",
+        "AFL as q-FFL with large q (q = 10; Pillutla et al. 2023, Section 7.2, Appendix C.2)",
         hparams=("q",),
         options={"qffl_variant": "fedavg"},
     ),
@@ -210,7 +235,7 @@ SPECS: dict[str, AlgorithmSpec] = {
         lambda engine, options: term(
             engine.task, engine.local, engine.clients_per_round, **_shared(engine)
         ),
-        "Tilted ERM at the client level (thesis ch. 7): weights softmax(t F_i)",
+        "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i)",
         hparams=("tilt",),
     ),
     "deltafl": AlgorithmSpec(
@@ -224,7 +249,8 @@ SPECS: dict[str, AlgorithmSpec] = {
             dp_bits=options["dp_bits"],
             **_shared(engine),
         ),
-        "Delta-FL (004, 000): superquantile of client losses, tail fraction theta",
+        "Delta-FL (Pillutla et al. 2023; Laguel et al. 2020): superquantile of client losses, "
+        "tail fraction theta",
         hparams=(
             "theta",
             "threshold_period",
@@ -267,7 +293,7 @@ SPECS: dict[str, AlgorithmSpec] = {
             count=options["dp_count"],
             robustness=engine.robustness,
         ),
-        "DP Delta-FL (004 Algorithm 4): DP quantile filter, clipped noisy "
+        "DP Delta-FL (Pillutla et al. 2023, Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",
         hparams=(
             "theta",
@@ -281,9 +307,10 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
 }
 
-# The global solvers Ditto takes (thesis section 5.2: "G is any global FL
-# objective"). The DP algorithms are left out: their budget is calibrated per
-# registry entry, and Ditto's personal steps would need their own account.
+# The global solvers Ditto takes (Li 2023 (thesis), Section 5.2.1: G is any
+# "function that aggregates the local objectives"). The DP algorithms are left
+# out: their budget is calibrated per registry entry, and Ditto's personal
+# steps would need their own account.
 DITTO_GLOBALS = ("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl")
 
 
@@ -315,7 +342,7 @@ def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorit
 
 SPECS["ditto"] = AlgorithmSpec(
     _build_ditto,
-    "Ditto (thesis ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
+    "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
     hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
     options={
@@ -345,7 +372,7 @@ def _build_l2sgd(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorit
 
 SPECS["l2sgd"] = AlgorithmSpec(
     _build_l2sgd,
-    "L2SGD (thesis 5.5): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
+    "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
     hparams=("lam",),
 )
@@ -368,7 +395,7 @@ def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
 
 SPECS["apfl"] = AlgorithmSpec(
     _build_apfl,
-    "APFL (Deng et al. 2020; thesis 5.5): local models v_k beside FedAvg, personal model "
+    "APFL (Deng et al. 2020; Li 2023, App. 5.6.2): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
     hparams=("apfl_alpha",),
     options={"stragglers": 0.0, "apfl_alpha_lr": 0.0},
@@ -394,8 +421,8 @@ def _build_mapper(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgori
 
 SPECS["mapper"] = AlgorithmSpec(
     _build_mapper,
-    "mapper (Mansour et al. 2020; thesis 5.5): local models u_k and mixing weights lam_k chosen each "
-    "round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
+    "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
+    "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
     options={"mapper_candidates": ",".join(f"{lam:g}" for lam in MAPPER_CANDIDATES)},
 )
 
@@ -412,7 +439,7 @@ def _build_perfedavg(engine: Engine, options: Mapping[str, Any]) -> FederatedAlg
 
 SPECS["perfedavg"] = AlgorithmSpec(
     _build_perfedavg,
-    "Per-FedAvg (HF) (Fallah et al. 2020; thesis 5.5): MAML-trained global model, personal "
+    "Per-FedAvg (HF) (Fallah et al. 2020; Li 2023, App. 5.6.2): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
     hparams=("perfedavg_alpha", "perfedavg_delta"),
 )

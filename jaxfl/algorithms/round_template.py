@@ -222,9 +222,7 @@ def weighted_averaging_algorithm(
         after: the same aggregate. It does so where a second pass over the
         cohort costs more than the filtered-out clients' training: layouts
         sharded over several devices, where each pass meets the devices at
-        collectives (label-shift on 2 CPU devices: Delta-FL ran at 55
-        rounds/s with two passes against FedAvg's 177; see
-        `single_pass_preferred`).
+        collectives (see `single_pass_preferred`).
       aggregate: computes the server update from the results (default: the
         weighted mean of the updates with `reweight`'s or the plan's weights).
       extra_hparam_defaults: numeric hyperparameters of the algorithm.

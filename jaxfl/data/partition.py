@@ -33,7 +33,21 @@ NumPy version. The upstream codes (NIID-Bench, FedLab) draw from the global
 `np.random` in their own order of calls; their partitions have the same law
 as these but cannot be reproduced bit for bit, and no attempt is made to.
 
-Procedures follow `shared/notes/data-sources.md` sections 3.3 and 3.4.
+Each partitioner's docstring names the procedure it follows and its source.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Yurochkin et al. 2019] M. Yurochkin, M. Agarwal, S. Ghosh,
+    K. Greenewald, N. Hoang, Y. Khazaeni. Bayesian Nonparametric Federated
+    Learning of Neural Networks. ICML 2019.
+  [Hsu et al. 2019] T.-M. H. Hsu, H. Qi, M. Brown. Measuring the Effects of
+    Non-Identical Data Distribution for Federated Visual Classification.
+    arXiv preprint, 2019.
+  [McMahan et al. 2017] H. B. McMahan, E. Moore, D. Ramage, S. Hampson,
+    B. Agüera y Arcas. Communication-Efficient Learning of Deep Networks
+    from Decentralized Data. AISTATS 2017.
 """
 
 from __future__ import annotations
@@ -504,8 +518,8 @@ def dirichlet_mixture(
     another rather than interleaved; the random serving order spreads the
     distortion near exhaustion over random clients instead of the last ones.
     With a uniform prior and while no class runs out, this has the law of
-    `jaxfl.data.synthetic.label_shift`'s clients (Delta-FL, paper 004
-    Appendix D.2), though not its random bits.
+    `jaxfl.data.synthetic.label_shift`'s clients (Delta-FL, Pillutla et al.
+    2023, Appendix D.2), though not its random bits.
 
     On alpha: Hsu et al. write q ~ Dir(alpha' p) with p a probability vector,
     so their alpha' is the total concentration; here alpha is the mean

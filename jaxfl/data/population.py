@@ -78,7 +78,9 @@ class ClientPopulation:
 
         Gathering before converting matters on CPU: XLA does not push the
         gather through the int-to-float conversion, so converting first
-        touches all N counts every round (N = 1e6: +50% on a 1 ms round).
+        touches all N counts every round, a cost that grows with N
+        (measured: benchmarks/RESULTS.md, section
+        "The suite on this CPU (`suite.py --preset cpu --devices 2`, 2026-11-26)").
         """
         if kind == "num_examples":
             return self.counts[client_ids].astype(jnp.float32)

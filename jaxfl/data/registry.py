@@ -12,6 +12,11 @@ Synthetic datasets are generated (`jaxfl.data.synthetic`); real ones are read
 from the files users hold, or from files that ship with a package or the OS,
 converted once into the cache (`jaxfl.data.cache`) and memory-mapped
 (`jaxfl.data.datasets`). `tfds:NAME` reads any prepared TFDS dataset.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -129,7 +134,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
     "label-shift": DatasetSpec(
         generator=label_shift,
         summary=(
-            "Delta-FL label shift (004 App. D.2): 2500/500/500 clients of 100 "
+            "Delta-FL label shift (Pillutla et al. 2023, App. D.2): 2500/500/500 clients of 100 "
             "examples, 20 features, 10 classes"
         ),
         run_defaults={"model": "linear"},
@@ -158,8 +163,8 @@ DATASETS: Mapping[str, DatasetSpec] = {
     "peer-benchmark": DatasetSpec(
         generator=peer_benchmark,
         summary=(
-            "the peers' FedAvg workload: 100 clients of 20-400 examples, "
-            "784 -> 62 (or num_features=60, num_classes=10)"
+            "the FedAvg workload of the speed comparison with fedjax, pfl and Flower: 100 clients "
+            "of 20-400 examples, 784 -> 62 (or num_features=60, num_classes=10)"
         ),
         run_defaults={"model": "linear"},
     ),

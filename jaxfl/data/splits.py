@@ -1,15 +1,21 @@
 """Splitting a population by clients: whole clients go to one side or the other.
 
-004 Appendix C.2 tunes the regularization "with cross validation": half of
-the training clients are held out as validation clients, models are trained
-on the other half, and the setting with the smallest 90th percentile of the
-misclassification error on the validation clients wins. A dataset without
-validation clients (FedProx Synthetic(1,1), whose test population is the
-training clients' own held-out examples) gets them from `hold_out_clients`.
+Pillutla et al. 2023 (Appendix C.2) tune the regularization "with cross
+validation": half of the training clients are held out as validation
+clients, models are trained on the other half, and the setting with the
+smallest 90th percentile of the misclassification error on the validation
+clients wins. A dataset without validation clients (FedProx
+Synthetic(1,1), whose test population is the training clients' own held-out
+examples) gets them from `hold_out_clients`.
 
 `split_client_examples` instead splits every client's *examples* in two and
 keeps all clients on both sides: the family's selection/evaluation parts, and
 the personal test data of `--client-split` (client k on both sides).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -12,14 +12,22 @@ so the same arguments give bit-identical arrays on the same NumPy version.
 Generators:
 
 * `fedprox_synthetic`: FedProx Synthetic(alpha, beta) and Synthetic-IID
-  (`shared/notes/thesis-spec.md` section 8.1, `shared/notes/data-sources.md`
-  section 3.1).
+  (Li 2023, Section 3.4.1 and Appendix 3.7.1; the generator of the
+  reference code, litian96/FedProx).
 * `label_shift`: the make_classification label-shift dataset of Delta-FL
-  (paper 004, Appendix D.2; `shared/notes/data-sources.md` section 3.3).
-* `peer_benchmark`: the peers' FedAvg benchmark workload, bit-identical to
-  `shared/peers/fedjax_fedavg.py` (`shared/peers/README.md`).
+  (Pillutla et al. 2023, Appendix D.2).
+* `peer_benchmark`: the FedAvg workload of the side-by-side speed comparison
+  with fedjax, pfl and Flower (`benchmarks/compare_peers.py`), bit-identical
+  to the clients the comparison's fedjax script draws.
 * `many_clients`: up to millions of small clients for the population-scaling
   benchmark, generated without a per-client Python loop.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -201,9 +209,8 @@ def fedprox_synthetic(
 
     The generator of FedProx (`litian96/FedProx:
     data/synthetic_*/generate_synthetic.py` and
-    `data/synthetic_iid/generate_iid.py`), as written out in
-    `shared/notes/thesis-spec.md` section 8.1 and
-    `shared/notes/data-sources.md` section 3.1. For client k:
+    `data/synthetic_iid/generate_iid.py`; described in Li 2023, Section
+    3.4.1 and Appendix 3.7.1). For client k:
 
         n_k = int(lognormal(4, size_sigma)) + 50
         u_k ~ N(0, alpha**2)      B_k ~ N(0, beta**2)
@@ -215,8 +222,8 @@ def fedprox_synthetic(
     alpha and beta are *standard deviations*, as in the reference code, which
     passes them as the scale of `numpy.random.normal` (the thesis writes
     N(0, alpha), which reads as a variance; the two agree for alpha, beta in
-    {0, 1}; thesis-spec.md section 12 item 1). alpha controls how much the
-    clients' models differ, beta how much their inputs differ.
+    {0, 1}). alpha controls how much the clients' models differ, beta how
+    much their inputs differ.
 
     Synthetic-IID (`iid=True`): one global `W, b ~ N(0, 1)` shared by all
     clients and `v_k = 0`; alpha and beta are then ignored (pass 0, 0).
@@ -224,8 +231,8 @@ def fedprox_synthetic(
     Each client's examples are shuffled and split: the first
     `int(train_fraction * n_k)` go to the training population, the rest to
     the test population (the reference code uses 0.9; the thesis text says
-    0.8). The split is clamped so that every client keeps at least one
-    training and one test example.
+    0.8: Li 2023, Appendix 3.7.2). The split is clamped so that every
+    client keeps at least one training and one test example.
 
     The test population holds the *same clients* as the training population,
     in the same order: test client k is training client k's held-out
@@ -247,7 +254,7 @@ def fedprox_synthetic(
       num_classes: number of classes C (>= 2).
       iid: Synthetic-IID instead of Synthetic(alpha, beta).
       size_sigma: sigma of the lognormal client sizes (FedProx: 2; the
-        fair_flearn "hybrid" set uses 1; thesis-spec.md section 12 item 2).
+        fair_flearn "hybrid" set uses 1; the thesis says only "power law").
       train_fraction: fraction of each client's examples used for training,
         in (0, 1).
       seed: seed of `numpy.random.default_rng`.
@@ -367,15 +374,15 @@ _LABEL_SHIFT_NUM_FEATURES = 20
 def _make_classification_pool(
     pool_size: int, data_seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The example pool of 004 Appendix D.2, as float32 x and int32 y.
+    """The example pool of Pillutla et al. 2023, Appendix D.2, as float32 x and int32 y.
 
-    Cached in-process (read-only arrays) because the paper-size call takes
-    about a second and sweeps load the dataset many times.
+    Cached in-process (read-only arrays) because the paper-size call is
+    costly (5e5 examples) and sweeps load the dataset many times.
     """
     # Imported here: scikit-learn's import is slow and only this needs it.
     from sklearn.datasets import make_classification
 
-    # Exactly the paper's call (004, Appendix D.2), n_samples and random_state
+    # Exactly the paper's call (Appendix D.2), n_samples and random_state
     # aside. make_classification draws from the legacy RandomState: the pool
     # is bit-stable only for a fixed scikit-learn version.
     x, y = make_classification(
@@ -469,7 +476,7 @@ def label_shift(
     data_seed: int = 2345,
     partition_seed: int = 0,
 ) -> FederatedDataset:
-    """The label-shift dataset of Delta-FL (paper 004, Appendix D.2).
+    """The label-shift dataset of Delta-FL (Pillutla et al. 2023, Appendix D.2).
 
     A pool of `pool_size` examples comes from scikit-learn's
     `make_classification` called exactly as in the paper (20 features of
@@ -483,12 +490,12 @@ def label_shift(
     q_i ~ Dirichlet(train_concentration), validation and test clients with
     q_i ~ Dirichlet(test_concentration) (paper: 2500 / 500 / 500 clients,
     Dir(0.5) and Dir(0.01)). The paper does not say how examples are drawn
-    from the pool; following `shared/notes/data-sources.md` section 3.3, each
-    client draws class counts ~ Multinomial(examples_per_client, q_i) and
-    takes its examples of each class without replacement from per-class
-    pools, disjoint across all clients of all three populations. With the
-    paper's settings training clients hold about 8.0 distinct classes on
-    average and validation/test clients about 1.4.
+    from the pool; here, as the natural reading, each client draws class
+    counts ~ Multinomial(examples_per_client, q_i) and takes its examples of
+    each class without replacement from per-class pools, disjoint across
+    all clients of all three populations. With the paper's settings
+    training clients hold about 8.0 distinct classes on average and
+    validation/test clients about 1.4.
 
     Randomness: the pool depends only on (pool_size, data_seed) and the
     partition only on partition_seed, through independent streams for the
@@ -599,7 +606,7 @@ def label_shift(
         num_classes=_LABEL_SHIFT_NUM_CLASSES,
         input_shape=(_LABEL_SHIFT_NUM_FEATURES,),
         description=(
-            f"Delta-FL label shift (004 App. D.2): make_classification pool of "
+            f"Delta-FL label shift (Pillutla et al. 2023, App. D.2): make_classification pool of "
             f"{pool_size} (random_state {data_seed}); {num_train_clients} "
             f"training clients Dir({train_concentration:g}), "
             f"{num_validation_clients} validation and {num_test_clients} test "
@@ -610,16 +617,16 @@ def label_shift(
 
 
 # ---------------------------------------------------------------------------
-# The peers' benchmark workload.
+# The FedAvg workload of the speed comparison with fedjax, pfl and Flower.
 # ---------------------------------------------------------------------------
 
 
 def _peer_clients(rng, true_weights, num_clients, min_examples, max_examples):
-    """Clients drawn exactly as `shared/peers/fedjax_fedavg.py` draws them."""
+    """Clients drawn exactly as the comparison's fedjax script draws them."""
     num_features = true_weights.shape[0]
     clients = []
     for _ in range(num_clients):
-        # Same calls, same order, same dtypes as the peers' loop: for each
+        # Same calls, same order, same dtypes as that script's loop: for each
         # client its size, then its inputs, then labels from the float32
         # matmul. Changing any of these changes the bits.
         n = int(rng.integers(min_examples, max_examples + 1))
@@ -638,32 +645,33 @@ def peer_benchmark(
     num_test_clients: int = 20,
     seed: int = 0,
 ) -> FederatedDataset:
-    """The peer simulators' FedAvg workload (`shared/peers/README.md`).
+    """The FedAvg workload of the side-by-side comparison with fedjax, pfl and Flower.
 
-    `x ~ U[0, 1)^D` (float32), `y = argmax(x @ W_true)` with
+    The workload `benchmarks/compare_peers.py` runs in jaxfl and in the other
+    simulators: `x ~ U[0, 1)^D` (float32), `y = argmax(x @ W_true)` with
     `W_true ~ N(0, 1)^(D x C)` (cast to float32), client sizes
-    `n_i ~ integers(min_examples, max_examples + 1)` (peers: 20..400, about
-    21k examples over 100 clients). The draws follow
-    `shared/peers/fedjax_fedavg.py` call for call (`rng = default_rng(seed)`;
-    `W_true` first; then for each client its size, then its inputs), so with
-    the defaults (and DIM/NCLS changed through num_features/num_classes) the
-    training clients are bit-identical to the peers' clients, in the same
-    order. Peers' variants: 784 -> 62 (default) and 60 -> 10.
+    `n_i ~ integers(min_examples, max_examples + 1)` (there: 20..400, about
+    21k examples over 100 clients). The draws follow the comparison's fedjax
+    script call for call (`rng = default_rng(seed)`; `W_true` first; then for
+    each client its size, then its inputs), so with the defaults (and its
+    DIM/NCLS changed through num_features/num_classes) the training clients
+    are bit-identical to the other simulators' clients, in the same order.
+    The comparison's variants: 784 -> 62 (default) and 60 -> 10.
 
-    The peers evaluate on training clients; for a test population this
-    function continues the same generator after the training clients and
-    draws `num_test_clients` fresh clients the same way (same W_true, same
-    size law). These are new clients, not the training clients' held-out
+    The other simulators evaluate on training clients; for a test
+    population this function continues the same generator after the
+    training clients and draws `num_test_clients` fresh clients the same way
+    (same W_true, same size law). These are new clients, not the training clients' held-out
     data, and drawing them leaves the training clients unchanged.
 
     Args:
-      num_features: input dimension D (peers: 784, or 60).
-      num_classes: number of classes C (peers: 62, or 10).
-      num_clients: training clients (peers: 100).
-      min_examples: smallest client size (peers: 20).
-      max_examples: largest client size, inclusive (peers: 400).
+      num_features: input dimension D (the comparison: 784, or 60).
+      num_classes: number of classes C (the comparison: 62, or 10).
+      num_clients: training clients (the comparison: 100).
+      min_examples: smallest client size (the comparison: 20).
+      max_examples: largest client size, inclusive (the comparison: 400).
       num_test_clients: test clients drawn after the training clients.
-      seed: seed of `numpy.random.default_rng` (peers: 0).
+      seed: seed of `numpy.random.default_rng` (the comparison: 0).
 
     Returns:
       A `FederatedDataset` named `peer-benchmark` with
@@ -704,9 +712,10 @@ def peer_benchmark(
         num_classes=num_classes,
         input_shape=(num_features,),
         description=(
-            f"peers' FedAvg workload: {num_features} -> {num_classes}, "
+            "FedAvg workload of the comparison with fedjax, pfl and Flower: "
+            f"{num_features} -> {num_classes}, "
             f"{num_clients} clients of {min_examples}-{max_examples} examples "
-            f"(bit-identical to shared/peers/fedjax_fedavg.py), seed {seed}; "
+            f"(bit-identical to the comparison's), seed {seed}; "
             f"{num_test_clients} fresh test clients"
         ),
     )

@@ -1,4 +1,4 @@
-"""Summaries of a distribution of per-client metrics (004 Appendix C.3).
+"""Summaries of a distribution of per-client metrics (Pillutla et al. 2023, Appendix C.3).
 
 For values a_1..a_n with optional weights w_i (normalized to wbar_i):
 
@@ -13,7 +13,12 @@ For values a_1..a_n with optional weights w_i (normalized to wbar_i):
 * `best_10`: the mean of the best 10%, i.e. -superquantile(-a, 0.1).
 
 Training clients are weighted by alpha_i (their number of examples); test
-clients are not (004 Appendix C.3).
+clients are not (Pillutla et al. 2023, Appendix C.3).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

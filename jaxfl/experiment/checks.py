@@ -159,11 +159,13 @@ def choose_client_state(
     the memory (`total_memory`, or `available`), then splits them over the
     devices (a no-op on one device), and on an accelerator keeps them in host
     memory when even the split rows would take over that share. Splitting
-    costs an all-reduce of the cohort's models a round (Ditto on the main job,
-    2 CPU devices: 5% fewer rounds/s) and host residency a copy of the
-    cohort's models each way (benchmarks/RESULTS.md): each is chosen only
-    where memory is short. On CPU host memory is the devices' memory, so
-    'auto' never picks 'host' there.
+    costs an all-reduce of the cohort's models a round and host residency a
+    copy of the cohort's models each way, both measurably slower than
+    replicated rows (measured: benchmarks/RESULTS.md, sections
+    "The personalization baselines against FedAvg, and per-client state split over devices (2026-11-26)"
+    and "Personal models in host memory (`--client-state host`) against device-resident ones (2026-11-26)"):
+    each is chosen only where memory is short. On CPU host memory is the
+    devices' memory, so 'auto' never picks 'host' there.
     """
     if config.client_state != "auto":
         return dataclasses.replace(

@@ -4,6 +4,16 @@ One table (`RunConfig`'s field metadata) drives the command-line flags, the
 config-file keys and the validation, so the three never disagree. Errors are
 `ConfigError`s whose message is one line naming the field and what is
 allowed; the CLI prints it and exits with status 2.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -164,7 +174,7 @@ class RunConfig:
     )
     reweighting: str = _field(
         "exact",
-        "deltafl: client weights from the losses: threshold (004 Alg. 1), exact "
+        "deltafl: client weights from the losses: threshold (Pillutla et al. 2023, Alg. 1), exact "
         "(Alg. 3), dp (Alg. 1 with the DP quantile of Alg. 2), smoothed (eq. 15)",
         choices=("threshold", "exact", "dp", "smoothed"),
     )
@@ -174,12 +184,12 @@ class RunConfig:
     )
     threshold_period: int = _field(
         1, "deltafl --reweighting threshold|dp: recompute the threshold every "
-        "T_eta >= 1 rounds (000 Algorithm 1), reuse it in between", low=1,
+        "T_eta >= 1 rounds (Laguel et al. 2020, Algorithm 1), reuse it in between", low=1,
     )
     filtering: str = _field(
         "server",
         "deltafl --reweighting threshold|dp: the server filters clients, or "
-        "clients filter themselves on the broadcast threshold (000 Alg. 3)",
+        "clients filter themselves on the broadcast threshold (Laguel et al. 2020, Alg. 3)",
         choices=("server", "client"),
     )
     stragglers: float = _field(
@@ -208,8 +218,8 @@ class RunConfig:
         choices=("auto", "split", "replicated", "host"),
     )
     ditto_dynamic_lam: str = _field(
-        "", "ditto: dynamic lambda (thesis 5.3), candidates such as 0.1,1,2 tried at every personal step, "
-        "each client keeping the one of least loss on its own validation examples (needs "
+        "", "ditto: dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every "
+        "personal step, each client keeping the one of least loss on its own validation examples (needs "
         "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
     )
     apfl_alpha: float = _field(
@@ -218,7 +228,7 @@ class RunConfig:
     )
     apfl_alpha_lr: float = _field(
         0.0, "apfl: > 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, "
-        "starting at --apfl-alpha); 0: one fixed alpha, as the thesis compares it", low=0.0,
+        "starting at --apfl-alpha); 0: one fixed alpha, as Li 2023 compares it", low=0.0,
     )
     mapper_candidates: str = _field(
         "0.25,0.5,0.75", "mapper: the mixing weights lam in [0, 1] each sampled client tries every round, "
@@ -239,18 +249,18 @@ class RunConfig:
     )
     finetune_epochs: int = _field(
         0, "personalization baseline: after training, each training client fine-tunes the global "
-        "model for this many epochs of local SGD at --lr (thesis 5.5: 50), reported as its personal "
-        "model (0: off)", low=0, high=10_000,
+        "model for this many epochs of local SGD at --lr (Li 2023, Section 5.3.4: 50), reported as its "
+        "personal model (0: off)", low=0, high=10_000,
     )
     finetune_ewc: float | None = _field(
-        None, "personalization baseline EWC (thesis 5.5): fine-tune with lambda/2 sum_i F_ii "
+        None, "personalization baseline EWC (Li 2023, Appendix 5.6.2): fine-tune with lambda/2 sum_i F_ii "
         "(w_i - w*_i)^2, F the diagonal Fisher of the global model w* on each client's first "
         "minibatch; needs --finetune-epochs", low=0.0, optional=True,
     )
     finetune_skl: float | None = _field(
-        None, "personalization baseline SKL (thesis 5.5): fine-tune with lambda/2 (KL(f(w) || f(w*)) + "
-        "KL(f(w*) || f(w))) on each minibatch, f the softmax output, w* the global model; needs "
-        "--finetune-epochs", low=0.0, optional=True,
+        None, "personalization baseline SKL (Li 2023, Appendix 5.6.2): fine-tune with lambda/2 "
+        "(KL(f(w) || f(w*)) + KL(f(w*) || f(w))) on each minibatch, f the softmax output, w* the global "
+        "model; needs --finetune-epochs", low=0.0, optional=True,
     )
     client_split: float | None = _field(
         None,
@@ -293,7 +303,7 @@ class RunConfig:
         choices=(*DATA_ATTACK_NAMES, *UPDATE_ATTACK_NAMES), optional=True,
     )
     attack_data: str | None = _field(
-        None, "a data attack the corrupted clients also apply with an update attack (thesis "
+        None, "a data attack the corrupted clients also apply with an update attack (Li 2023's "
         "A2/A3 as the authors ran them: random-labels)",
         choices=DATA_ATTACK_NAMES, optional=True,
     )
@@ -302,7 +312,7 @@ class RunConfig:
         low=0.0, high=1.0,
     )
     attack_unit: str = _field(
-        "clients", "attack_fraction counts clients (thesis) or examples (RFA)",
+        "clients", "attack_fraction counts clients (Li 2023) or examples (RFA)",
         choices=("clients", "examples"),
     )
     attack_scale: float | None = _field(
@@ -317,7 +327,7 @@ class RunConfig:
     client_validation_split: float | None = _field(
         None,
         "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
-        "as its own validation data (thesis 5.8: 0.08 with client_split 0.2 gives 72/8/20)",
+        "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
     )
     afl_lambda_lr: float = _field(
@@ -375,7 +385,7 @@ class RunConfig:
     dp_quantile_ratio: float = _field(
         0.25,
         "dp-deltafl: r > 0, the quantile's per-round zCDP budget over the "
-        "update's (004 App. D.2)",
+        "update's (Pillutla et al. 2023, App. D.2)",
         low=0.0, low_open=True,
     )
     dp_noise_multiplier: float | None = _field(
@@ -387,7 +397,8 @@ class RunConfig:
     dp_count: str = _field(
         "fixed",
         "dp-deltafl: the update's divisor: fixed (theta*m, public before the round: sound) or exact (m_t, "
-        "the clients that passed: 004 App. D's assumption, m_t released and not accounted)",
+        "the clients that passed: the assumption of Pillutla et al. 2023, App. D, m_t released and not "
+        "accounted)",
         choices=("fixed", "exact"),
     )
     dp_trust_model: str = _field(
@@ -729,7 +740,7 @@ def implied_setting(config: RunConfig, name: str) -> Any:
 # Algorithms whose local training is one full-batch step (batch size, epochs
 # and the step cap unused): FedSGD, and q-FFL's q-FedSGD variant.
 _FULL_BATCH_SETTINGS = ("batch_size", "local_epochs", "max_local_steps", "local_loop")
-# The failure probability of the no-wraparound bound (004 Claim 16) that
+# The failure probability of the no-wraparound bound (Pillutla et al. 2023, Claim 16) that
 # `deltafl --reweighting dp` (no privacy accounting, hence no delta) needs of
 # its secure sum: the ring must exceed every noisy histogram count but with
 # probability 1e-6 / 4 per round.
@@ -803,7 +814,8 @@ def check_settings(config: RunConfig) -> None:
                 f"deltafl --reweighting dp: dp_bits={config.dp_bits} gives a ring of 2^{config.dp_bits}, "
                 f"smaller than the {needed} that the secure sum of {config.clients_per_round} clients' "
                 f"histograms (dp_scale={scale}, dp_sigma={config.dp_sigma:g}) needs to avoid wraparound "
-                f"(004 Theorem 6's modulus at delta={_DELTAFL_DP_WRAP_DELTA:g}): {advice}"
+                "(the modulus of Pillutla et al. 2023, Theorem 6, "
+                f"at delta={_DELTAFL_DP_WRAP_DELTA:g}): {advice}"
             )
 
 

@@ -1,15 +1,21 @@
 """The Δ-FL model family: one model per tail fraction, each client served the best.
 
-004 Section 4.1 (Figure 1): Δ-FL trains r models w_1..w_r for tail fractions
-theta_1..theta_r, and each test client picks the model that does best on its
-own local data. Here the r models train together as one sweep (the round
-vmapped over theta with one seed, so every model sees the same cohorts and
-example orders); each test client's examples are split once into a selection
-part (its local validation data) and an evaluation part; the client is served
-the model with the lowest loss on its selection part, and every model, and
-the served one, are measured on the evaluation parts.
+Pillutla et al. 2023, Section 4.1 (Figure 1): Δ-FL trains r models
+w_1..w_r for tail fractions theta_1..theta_r, and each test client picks the
+model that does best on its own local data. Here the r models train
+together as one sweep (the round vmapped over theta with one seed, so every
+model sees the same cohorts and example orders); each test client's examples
+are split once into a selection part (its local validation data) and an
+evaluation part; the client is served the model with the lowest loss on its
+selection part, and every model, and the served one, are measured on the
+evaluation parts.
 
     jaxfl family --thetas 0.8,0.5,0.1 [run settings] --out runs/family
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

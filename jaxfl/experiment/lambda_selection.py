@@ -1,18 +1,23 @@
-"""Ditto's lambda chosen per client from its validation data (thesis section 5.3).
+"""Ditto's lambda chosen per client from its validation data (Li 2023, Section 5.3).
 
-"Each device picks lambda locally from its validation data" (thesis 5.3,
-`shared/notes/thesis-spec.md` section 5.3). A sweep over `lam` trains every
-candidate's personal models in one compiled function; afterwards client k
-takes the candidate whose personal model v_k has the lowest loss on k's own
-validation examples, and is scored on its own test examples with that model.
-A client with fewer than `MIN_VALIDATION_EXAMPLES` validation examples takes
-the candidate closest to 1 (the thesis's fallback for small devices: lambda
-= 1, or 0.1 under strong attacks). This is the per-client selection at the
+"For each device, we select lambda locally based on its local validation
+data" (Li 2023, Section 5.3; the procedure: Appendix 5.7.2). A sweep over
+`lam` trains every candidate's personal models in one compiled function;
+afterwards client k takes the candidate whose personal model v_k has the
+lowest loss on k's own validation examples, and is scored on its own test
+examples with that model. A client with fewer than
+`MIN_VALIDATION_EXAMPLES` validation examples takes the candidate closest
+to 1 (the thesis's fallback for small devices, Appendix 5.7.2: lambda = 1,
+or 0.1 under strong attacks). This is the per-client selection at the
 end of training, not the authors' per-step greedy "dynamic lambda".
 
 Needs a dataset whose validation and test client k are training client k
 (`FederatedDataset.personal_splits` with a validation population, e.g.
 `fashion-mnist` with `partition=ditto`).
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 
 from jaxfl.evaluation.summaries import summarize, within_range
 
-# Fewer validation examples than this: the fallback candidate (thesis 5.3: "fewer than 4").
+# Fewer validation examples than this: the fallback candidate (Li 2023, Appendix 5.7.2: "less than 4").
 MIN_VALIDATION_EXAMPLES = 4
 
 

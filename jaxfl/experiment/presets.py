@@ -3,9 +3,27 @@
 `jaxfl run --task NAME` starts from a preset's settings: they replace the
 dataset's run defaults, and every flag or config-file key still overrides
 them (`jaxfl.experiment.config.make_config`). Each preset cites where its
-numbers come from; the facts are digested in
-`shared/notes/benchmark-protocols.md` (sections 2-6), and docs/tasks.md lists
-what each preset reproduces and how closely.
+numbers come from, and docs/tasks.md lists what each preset reproduces and
+how closely.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
+    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
+    Optimization. ICLR 2021.
+  [Caldas et al. 2018] S. Caldas, S. M. K. Duddu, P. Wu, T. Li, J. Konečný,
+    H. B. McMahan, V. Smith, A. Talwalkar. LEAF: A Benchmark for Federated
+    Settings. arXiv preprint, 2018.
+  [Hsu et al. 2019] T.-M. H. Hsu, H. Qi, M. Brown. Measuring the Effects of
+    Non-Identical Data Distribution for Federated Visual Classification.
+    arXiv preprint, 2019.
 """
 
 from __future__ import annotations
@@ -37,7 +55,9 @@ class TaskPreset:
 # rates client/server for FedAvg: Shakespeare 0/0, EMNIST -1/0, CIFAR-100
 # -1/0.5, StackOverflow NWP -0.5/0.
 REDDI = "Reddi et al., Adaptive Federated Optimization, ICLR 2021 (App. D; google-research/federated)"
-DELTA_FL = "Delta-FL reference code, krishnap25/simplicial-fl (papers 000/004: App. C)"
+DELTA_FL = (
+    "Delta-FL reference code, krishnap25/simplicial-fl (Laguel et al. 2020 and Pillutla et al. 2023: App. C)"
+)
 
 PRESETS: dict[str, TaskPreset] = {
     "shakespeare-fedavg": TaskPreset(
@@ -82,7 +102,10 @@ PRESETS: dict[str, TaskPreset] = {
             "lr_decay": 0.5,
             "lr_decay_period": 200,
         },
-        published="per-client error distribution: Delta-FL lowers the 90th percentile (000, 004 Fig. 3)",
+        published=(
+            "per-client error distribution: Delta-FL lowers the 90th percentile "
+            "(Laguel et al. 2020; Pillutla et al. 2023, Fig. 3)"
+        ),
     ),
     "emnist-cr": TaskPreset(
         summary="EMNIST 62 classes by writer, the CR CNN with dropout, FedAvg 10 clients x batch 20",
@@ -203,8 +226,8 @@ PRESETS: dict[str, TaskPreset] = {
     "fmnist-dirichlet": TaskPreset(
         summary="Fashion-MNIST over 100 clients by Dirichlet(0.5) labels, the ConvNet, FedAvg and Delta-FL",
         source=(
-            "Dirichlet label partition of Hsu et al. 2019; ConvNet of 004 App. C.1; batch 16, lr 0.05 "
-            "as the thesis' Fashion-MNIST runs (shared/notes/thesis-spec.md)"
+            "Dirichlet label partition of Hsu et al. 2019; ConvNet of Pillutla et al. 2023, App. C.1; "
+            "batch 16, lr 0.05 as Li 2023's Fashion-MNIST runs (App. 5.7.4)"
         ),
         settings={
             "dataset": "fashion-mnist",

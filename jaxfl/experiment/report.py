@@ -11,12 +11,12 @@ for every algorithm or sweep point:
   alpha-weighted) and the mean and 90th percentile of the test clients' error
   at every evaluation round;
 * `client_error_histogram.png`: the histogram of the final per-client test
-  error, one panel per run side by side, sharing their axes (004 Figure 3),
-  with the mean and the 90th percentile marked;
+  error, one panel per run side by side, sharing their axes (Pillutla et
+  al. 2023, Figure 3), with the mean and the 90th percentile marked;
 * `client_error_cdf.png`: the empirical CDF of the same errors, all runs on
   one axes (where a curve crosses 0.9 is its 90th percentile);
 * `error_vs_client_size.png`: each test client's error against its number of
-  examples, one panel per run (004 Figure 4);
+  examples, one panel per run (Pillutla et al. 2023, Figure 4);
 
 and `index.html`, one self-contained page (the PNGs embedded as data URIs, no
 script, no external request) with the final test-error summary of every run.
@@ -36,6 +36,11 @@ returns the page's path; `read_folder` and the data functions (`curve`,
 `error_cdf`, `error_histogram`, `error_by_size`, `final_rows`) give the
 plotted numbers without drawing. Figures are drawn on matplotlib `Figure`
 objects with the Agg renderer, leaving pyplot's global state alone.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -591,7 +596,10 @@ def _panel_grid(Figure, count: int, *, sharex: bool = True):
 
 
 def draw_error_histograms(runs: Sequence[RunResults], colors: Sequence[Any]):
-    """Per-client test error histograms, one panel per run (004 Figure 3); None without clients."""
+    """Per-client test error histograms, one panel per run (Pillutla et al. 2023, Figure 3).
+
+    None without clients.
+    """
     Figure, ticker = _matplotlib()
     chosen = [(r, c) for r, c in zip(runs, colors, strict=True) if client_errors(r).size]
     if not chosen:
@@ -639,7 +647,7 @@ def draw_error_cdfs(runs: Sequence[RunResults], colors: Sequence[Any]):
 
 
 def draw_error_by_size(runs: Sequence[RunResults], colors: Sequence[Any]):
-    """Each test client's error against its examples, one panel per run (004 Figure 4)."""
+    """Each test client's error against its examples, one panel per run (Pillutla et al. 2023, Figure 4)."""
     Figure, ticker = _matplotlib()
     chosen = [(r, c) for r, c in zip(runs, colors, strict=True) if error_by_size(r)[0].size]
     if not chosen:
@@ -697,8 +705,8 @@ _CAPTIONS = {
     "client_error_histogram.png": (
         "Per-client test error: histograms",
         "Final misclassification error of each test client, one panel per run with shared axes (5-point "
-        "bins; 004 Figure 3). Solid line: mean; dashed line: 90th percentile. A thinner right tail is "
-        "better for the worst-off clients.",
+        "bins; Pillutla et al. 2023, Figure 3). Solid line: mean; dashed line: 90th percentile. A thinner "
+        "right tail is better for the worst-off clients.",
     ),
     "client_error_cdf.png": (
         "Per-client test error: cumulative distribution",
@@ -707,7 +715,8 @@ _CAPTIONS = {
     ),
     "error_vs_client_size.png": (
         "Test error against client size",
-        "Final error of each test client against the number of examples it holds (004 Figure 4).",
+        "Final error of each test client against the number of examples it holds (Pillutla et al. 2023, "
+        "Figure 4).",
     ),
 }
 

@@ -2,8 +2,8 @@
 
 * The corrupted clients are chosen once per run from the run's seed
   (`jaxfl.attacks.corrupted_clients` with key `fold_in(key(seed),
-  CORRUPTION_STREAM)`), as a fraction of the training clients (thesis section
-  5.3.1) or of their examples (RFA).
+  CORRUPTION_STREAM)`), as a fraction of the training clients (Li 2023,
+  Section 5.3.1) or of their examples (RFA).
 * A data attack (`--attack random-labels`, or `--attack-data` next to an
   update attack) poisons the corrupted clients' training examples once,
   before the population is placed (the authors' code poisons labels once at
@@ -13,8 +13,12 @@
 * The aggregator (`--aggregator`) replaces the weighted mean.
 
 Summaries of a run with an attack count the benign clients only (robustness =
-their mean, fairness = their spread: thesis section 5.6); `clients.csv` marks
-the corrupted ones.
+their mean, fairness = their spread: Li 2023, Section 5.3 and Definitions 1
+and 2); `clients.csv` marks the corrupted ones.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations

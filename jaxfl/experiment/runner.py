@@ -4,6 +4,13 @@ The round is jitted once for the whole run with the server state donated;
 the loop only dispatches it, so nothing goes back to the host between
 evaluations. Evaluation (per-client metrics of every training and test client
 and their summaries) is one more compiled function.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -489,8 +496,8 @@ def personal_test_split(
     examples becomes validation client k (its own validation data, e.g. for
     choosing Ditto's lambda per client). The split is made in memory (a
     cached dataset is read whole).
-    Personalization is evaluated this way (thesis section 5.8: each device's
-    72/8/20 split).
+    Personalization is evaluated this way (Li 2023, Appendix 5.7.4: each
+    device's 72/8/20 split).
     """
     train, test = split_client_examples(dataset.train, 1.0 - fraction, seed)
     validation = None
@@ -584,9 +591,9 @@ def personal_evaluation_group(strategy: ClientStrategy) -> int:
     """Clients whose personal models are evaluated together: the run's layout's.
 
     One at a time where the round trains clients one at a time (large models
-    on CPU): vmapping 16 clients of the 83k-parameter ConvNet over their own
-    weights took 127 s for Fashion-MNIST's 500 Ditto clients on this CPU,
-    one at a time 5.0 s (the global model: 1.3 s; docs/personalization.md).
+    on CPU): there, vmapping clients over their own weights was far slower
+    than one at a time (measured: benchmarks/RESULTS.md, section
+    "Ditto and the robust aggregators against FedAvg (`robustness_cost.py`, 2026-11-26)").
     """
     kind = strategy.inner if strategy.kind == "sharded" else strategy.kind
     if kind == "sequential":
@@ -636,7 +643,7 @@ def make_evaluator(
     """A compiled `(params, personal=()) -> (summaries, per-client metrics)`.
 
     Training clients' summaries are weighted by alpha_i; test and validation
-    clients count equally (004 Appendix C.3). With `batched=True` the
+    clients count equally (Pillutla et al. 2023, Appendix C.3). With `batched=True` the
     parameters carry a leading sweep axis and every output gains that axis.
 
     `personal`, per-client models (`ServerState.clients`, leaves `[N, ...]`,
@@ -790,9 +797,12 @@ class LoopTiming:
 
 
 # Rounds fused into one compiled call where that was measured faster: rounds
-# sharded over CPU devices, and rounds on a GPU (benchmarks/RESULTS.md, "Several
-# rounds per compiled call" and "NVIDIA H100, 2026-11-27"); on one CPU device it
-# made no difference.
+# sharded over CPU devices, and rounds on a GPU, where dispatching one call per
+# round from Python is a large part of a small model's round; on one CPU device
+# it made no difference (docs/strategies.md, section "Several rounds per call";
+# benchmarks/RESULTS.md, sections
+# "Several rounds per compiled call (2026-11-26, `results/cpu-rounds-per-call-2026-11-26.jsonl`)"
+# and "NVIDIA H100 80GB HBM3 (JAX 0.11.2, CUDA 13), 2026-11-27: where a round's time goes (issue 27)").
 MAX_ROUNDS_PER_CALL = 10
 
 

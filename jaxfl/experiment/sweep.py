@@ -122,9 +122,9 @@ def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point
 
     Every point keeps its own batched key and round counter, even when the
     points share a seed: unbatching them (so that all points read the same
-    minibatch) was measured slower on CPU, 0.82x against 1.22x for 8
-    emnist-linear settings, as XLA then transposes the 8 stacked models at
-    every local step (benchmarks/RESULTS.md).
+    minibatch) was measured slower on CPU, as XLA then transposes the
+    stacked models at every local step (benchmarks/RESULTS.md, section
+    "The suite on this CPU (`suite.py --preset cpu --devices 2`, 2026-11-26)").
     """
     population_axis = 0 if cohort_per_point else None
     return compile_rounds(

@@ -1,7 +1,7 @@
 """Tuning on validation clients, with sweeps laid out to compile once.
 
-Three pieces used by `scripts/compare_methods.py` (004 Section 7.2 and
-Appendix C.2) and usable on their own:
+Three pieces used by `scripts/compare_methods.py` (Pillutla et al. 2023,
+Section 7.2 and Appendix C.2) and usable on their own:
 
 * `rebuild_setup`: the same run on another dataset (e.g. the training
   clients minus a held-out half, `jaxfl.data.splits.hold_out_clients`) or
@@ -17,8 +17,14 @@ Appendix C.2) and usable on their own:
   result does not depend on the chunk it runs in (a sweep point equals its
   single run).
 * `choose_best`: the candidate with the smallest score averaged over seeds
-  (004: the 90th percentile of the validation clients' misclassification
-  error), ties broken by a second score, then by candidate order.
+  (Pillutla et al. 2023: the 90th percentile of the validation clients'
+  misclassification error), ties broken by a second score, then by
+  candidate order.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ gradients as convolutions with permuted dimension labels (`b01f_01oi` and
 only in the canonical layout (NHWC input, HWIO kernel, NHWC output); at the
 top level of a program its layout passes insert the transposes that make the
 gradient convolutions canonical, but inside a `while` loop (local SGD is
-one) they are left as they are and fall back to a naive loop nest.
-Measured on the 2-core x86 CPU (jax 0.10.2, 2026-11-26), one SGD step of
-the EMNIST ConvNet on a batch of 16: 26 ms as a top-level program, 200 ms
-per step inside `lax.fori_loop`, 26 ms inside the loop with this VJP.
+one) they are left as they are and fall back to a naive loop nest. With
+this VJP, an SGD step of the EMNIST ConvNet inside `lax.fori_loop` is as
+fast as the same step as a top-level program, several times faster than
+with autodiff's gradient (measured: benchmarks/RESULTS.md, section
+"The ConvNet on CPU: a layout bug in autodiff, found and fixed").
 
 `same_conv2d` computes the same function as `lax.conv_general_dilated` with
 'SAME' padding and unit strides, with a hand-written VJP whose three

@@ -1,4 +1,12 @@
-"""Per-example losses and errors of a classifier's logits."""
+"""Per-example losses and errors of a classifier's logits.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +16,7 @@ import optax
 def multinomial_logistic_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Multinomial logistic (cross-entropy) loss -log softmax(logits)[label].
 
-    The loss of 004 Appendix C.1, `L(p, y) = -log p_y`.
+    The loss of Pillutla et al. 2023, Appendix C.1, `L(p, y) = -log p_y`.
 
     Args:
       logits: `[B, C]` scores.
@@ -30,9 +38,9 @@ def symmetrized_kl(logits: jax.Array, reference_logits: jax.Array) -> jax.Array:
 
     p = softmax(logits), q = softmax(reference_logits) over the last axis;
     the sum of the two divergences is sum_c (p_c - q_c)(log p_c - log q_c)
-    (thesis section 5.3.4's SKL regularizer, `shared/notes/thesis-spec.md`
-    section 5.5). A last axis of size 1 holds a binary logit z, the
-    distribution (sigmoid(z), 1 - sigmoid(z)) = softmax((z, 0)).
+    (the SKL regularizer of Li 2023, Section 5.3.4 and Appendix 5.6.2). A
+    last axis of size 1 holds a binary logit z, the distribution
+    (sigmoid(z), 1 - sigmoid(z)) = softmax((z, 0)).
 
     Args:
       logits: `[..., C]` scores.

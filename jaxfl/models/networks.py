@@ -4,6 +4,16 @@ The round vmaps and scans over clients, so models are used functionally: a
 flax NNX module is split once into its graph and parameters, parameters are
 kept as a plain nested dict (a pytree optax and `jax.tree` handle directly),
 and `apply(params, x)` merges them back inside the traced function.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Joulin et al. 2017] A. Joulin, E. Grave, P. Bojanowski, T. Mikolov. Bag of
+    Tricks for Efficient Text Classification. EACL 2017.
+  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
+    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
+    Optimization. ICLR 2021.
 """
 
 from __future__ import annotations
@@ -25,9 +35,12 @@ CONV_IMPLEMENTATIONS = ("lax", "canonical", "patches")
 def default_conv(backend: str) -> str:
     """The ConvNet's convolution per backend, from measurements.
 
-    CPU: 'canonical' (emnist-cnn local step 26 ms against 200 ms for 'lax'
-    inside the training loop, 2-core x86, 2026-11-26); GPU/TPU: 'lax'
-    (H100 emnist-cnn 7.8 rounds/s against 2.6 for 'patches', 2026-11-25).
+    CPU: 'canonical', since XLA:CPU runs the gradient convolutions of 'lax'
+    as a naive loop nest inside the local-training loop (measured:
+    benchmarks/RESULTS.md, section
+    "The ConvNet on CPU: a layout bug in autodiff, found and fixed");
+    GPU/TPU: 'lax', the fastest measured on a GPU, where 'patches' was
+    slower (docs/strategies.md, section "The measurements behind them").
     """
     return "canonical" if backend == "cpu" else "lax"
 
@@ -82,8 +95,8 @@ def _first_layer(layer: nnx.Linear, x: jax.Array, vocab_size: int | None) -> jax
         rows = jnp.arange(positions, dtype=jnp.int32).reshape(1, -1) * vocab_size + tokens
         return jnp.sum(kernel[rows], axis=1) + bias
     # Large batches (evaluation chunks): gathering [B, L, C] at once is
-    # memory-bound on CPU (4096 x 80 x 90: 30 ms); a scan over positions
-    # keeps the [B, C] sum in cache (3.4 ms). Same sum, another order.
+    # memory-bound on CPU; a scan over positions keeps the [B, C] sum in
+    # cache, and was measured faster there. Same sum, another order.
     per_position = kernel.reshape(positions, vocab_size, kernel.shape[1])
 
     def add_position(total, position):
@@ -100,7 +113,7 @@ _GATHER_ELEMENTS = 1 << 20
 
 
 class LinearClassifier(nnx.Module):
-    """Softmax regression `x -> W x + b` (004 Appendix C.1, linear model).
+    """Softmax regression `x -> W x + b` (Pillutla et al. 2023, Appendix C.1, linear model).
 
     Starts at the origin: the problem is convex, and a deterministic start
     makes runs comparable across seeds that only change sampling. On token
@@ -229,11 +242,10 @@ def _weighted_row_sum(table: jax.Array, rows: jax.Array, weights: jax.Array) -> 
 
     Gathered at once for small batches; position by position (a scan that
     keeps the `[B, C]` sum in cache) above `_GATHER_ELEMENTS` gathered values,
-    as `_first_layer` does. Measured on CPU (2 busy cores, 10,000 words, 500
-    tags, 128 positions): a training step of batch 100 takes 20 ms by
-    positions against 43 ms gathered at once, the forward pass of 4,096
-    posts 131 ms against 990 ms. (Not measured on GPUs, where one gather may
-    win.)
+    as `_first_layer` does: on CPU, by positions was measured faster for
+    StackOverflow-sized inputs (10,000 words, 500 tags, 128 positions),
+    both for a training step of batch 100 and for the forward pass of
+    4,096 posts. (Not measured on GPUs, where one gather may win.)
     """
     batch, positions = rows.shape
     if batch * positions * table.shape[1] <= _GATHER_ELEMENTS:
@@ -249,22 +261,25 @@ def _weighted_row_sum(table: jax.Array, rows: jax.Array, weights: jax.Array) -> 
 
 
 class ConvNet(nnx.Module):
-    """The papers' EMNIST ConvNet (004 Appendix C.1).
+    """The EMNIST ConvNet of Pillutla et al. 2023, Appendix C.1.
 
     Two 5x5 convolutions ('SAME' padding) with 32 and 64 channels, each
-    followed by ReLU and 2x2 max-pooling, then one dense layer to the classes;
-    the channel counts follow `shared/peers/README.md`, so the peers run the
-    same network.
+    followed by ReLU and 2x2 max-pooling, then one dense layer to the classes.
+    The paper gives no channel counts; these are those of the ConvNet
+    workload that fedjax runs in the speed comparison
+    (`benchmarks/compare_peers.py`), so both run the same network.
 
     Three implementations of the same function with the same parameters
     (`conv`), since which is fastest depends on the backend
     (benchmarks/RESULTS.md):
 
     * 'lax': `lax.conv_general_dilated` and its autodiff gradient (fastest
-      measured on an H100);
+      measured on a GPU);
     * 'canonical': `jaxfl.models.convolution.same_conv2d`, whose gradient
-      convolutions are all in XLA:CPU's fast layout (8x faster per local
-      step on CPU than 'lax' inside the local-training loop);
+      convolutions are all in XLA:CPU's fast layout (several times faster
+      per local step on CPU than 'lax' inside the local-training loop:
+      benchmarks/RESULTS.md, section
+      "The ConvNet on CPU: a layout bug in autodiff, found and fixed");
     * 'patches': image patches times the reshaped kernel; under `vmap` over
       clients, each with its own kernel, that is a batched matrix product
       where a vmapped convolution becomes a grouped convolution.

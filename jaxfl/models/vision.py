@@ -61,11 +61,11 @@ def conv2d(x: jax.Array, kernel: jax.Array, padding: str, impl: str) -> jax.Arra
     loops on XLA:CPU), a 'VALID' convolution then being the interior of the
     'SAME' one (the outputs whose window lies inside the image). The border
     it computes and discards costs less than the slow gradient it avoids:
-    one SGD step (batch 20) inside `lax.fori_loop` on the 2-core x86 CPU
-    (jax 0.10.2, other jobs running, 2026-11-26), 'lax' against
-    'canonical': emnist-cr-cnn 2140 ms / 43 ms, deltafl-convnet 161 / 22,
-    leaf-cnn 318 / 52, resnet18-gn at width 16 645 / 47 (width 64:
-    canonical 640 ms).
+    inside `lax.fori_loop` on XLA:CPU, an SGD step with 'canonical' was
+    measured several times faster than with 'lax' for every model here
+    (emnist-cr-cnn, deltafl-convnet, leaf-cnn, resnet18-gn); the cause is
+    the layout of the gradient convolutions, see benchmarks/RESULTS.md,
+    section "The ConvNet on CPU: a layout bug in autodiff, found and fixed".
     """
     if impl == "canonical":
         y = same_conv2d(x, kernel)
@@ -410,7 +410,7 @@ def build_deltafl_convnet(
     max-pool 2, linear 1024 -> classes (28 -> 24 -> 12 -> 8 -> 4), PyTorch's
     default initialization. `padding='same'` gives the 'same' variant
     (28 -> 14 -> 7, linear 3136 -> classes: the function class of jaxfl's
-    'convnet' and the peers' network).
+    'convnet', the ConvNet that fedjax runs in `benchmarks/compare_peers.py`).
 
     Args:
       input_shape: one example's shape, (784,) or (28, 28, 1); at least

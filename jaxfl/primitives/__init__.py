@@ -1,10 +1,16 @@
 """Tail-risk primitives and the differentially private quantile (public API).
 
 Pure, jit/vmap-compatible functions on 1-D vectors (batch with `jax.vmap`),
-from 004 (Pillutla et al., Federated Learning with Superquantile Aggregation
-for Heterogeneous Data) and 000 (Laguel et al., A Superquantile Approach to
-Federated Learning with Heterogeneous Devices). See docs/primitives.md for the
-semantics, edge cases and paper references.
+from Pillutla et al. 2023 and Laguel et al. 2020. See docs/primitives.md for
+the semantics, edge cases and paper references.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020.
 """
 
 from jaxfl.primitives.discrete_gaussian import discrete_gaussian

@@ -1,9 +1,11 @@
 """Samples of the discrete Gaussian distribution N_Z(0, sigma^2).
 
-Reference:
+References:
   [CKS20] C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for
     Differential Privacy. NeurIPS 2020 (arXiv:2004.00010), Algorithms 2-3.
-  [004] shared/papers/004_81c8af14ec6ef25c.txt, Appendix B.1 (definition).
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023, Appendix B.1 (definition).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from jax import lax
 from jaxfl.primitives import _validation
 
 # The per-round acceptance probability is at least about 0.3 for every sigma
-# (measured in tests/primitives/discrete_gaussian_test.py), so an element is
+# (computed in tests/primitives/test_discrete_gaussian.py), so an element is
 # still undecided after this many rounds with probability below 0.7**1000,
 # about 1e-155: the cap only guarantees termination.
 _MAX_ROUNDS = 1000
@@ -37,9 +39,9 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
     r"""I.i.d. samples of the discrete Gaussian N_Z(0, sigma^2).
 
     P(k) = exp(-k^2 / (2 sigma^2)) / sum_{z in Z} exp(-z^2 / (2 sigma^2)),
-    k in Z (004 Appendix B.1; CKS20 Definition 1). Its mean is 0, its
-    variance is slightly below sigma^2 and it is sub-Gaussian with variance
-    proxy sigma^2.
+    k in Z (Pillutla et al. 2023, Appendix B.1; CKS20 Definition 1). Its mean
+    is 0, its variance is slightly below sigma^2 and it is sub-Gaussian with
+    variance proxy sigma^2.
 
     Sampler: CKS20 Algorithm 3, rejection from the discrete Laplace
     distribution with scale t = floor(sigma) + 1, vectorized over all

@@ -1,21 +1,22 @@
-"""The quantile with distributed differential privacy (004 Algorithm 2).
+"""The quantile with distributed differential privacy (Pillutla et al. 2023, Algorithm 2).
 
 Every client one-hot encodes its value in a hierarchical histogram, adds
 discrete Gaussian noise, scales and reduces modulo M; a secure sum modulo M
 adds the clients' vectors, and the server decodes the noisy tree and reads
 the quantile off its dyadic CDF. This module simulates that protocol exactly
 (integer arithmetic modulo M, so wraparound really happens when M is small)
-and gives the privacy parameter of 004 Theorem 6 and its inverses.
+and gives the privacy parameter of Pillutla et al. 2023, Theorem 6, and its
+inverses.
 
 Modular arithmetic is done in uint32, so the supported moduli are
 2 <= M <= 2^32 (bit widths up to 32); beyond that `dp_quantile` raises
 ValueError. Per-client noise is int32.
 
-Reference:
-  [004] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui. Federated Learning
-    with Superquantile Aggregation for Heterogeneous Data. Machine Learning,
-    2023 (shared/papers/004_81c8af14ec6ef25c.txt): Algorithm 2, eq. 8,
-    Theorem 6 and Appendix B.
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023: Algorithm 2, eq. 8, Theorem 6 and
+    Appendix B.
   [KLS21] P. Kairouz, Z. Liu, T. Steinke. The Distributed Discrete Gaussian
     Mechanism for Federated Learning with Secure Aggregation. ICML 2021.
 """
@@ -143,7 +144,7 @@ def split_levels(flat: jax.Array, num_bins: int) -> tuple[jax.Array, ...]:
 
 
 def client_histograms(values, num_bins: int, upper) -> jax.Array:
-    """x_i of 004 Algorithm 2 line 1: [n] values -> [n, 2b - 2] one-hot trees.
+    """x_i of Pillutla et al. 2023, Algorithm 2 line 1: [n] values -> [n, 2b - 2] one-hot trees.
 
     Row i has a single 1 per level (in the nodes containing value i's bin);
     a NaN value gives an all-zero row.
@@ -209,7 +210,7 @@ def secure_sum_of_noisy_histograms(
 def dp_hierarchical_histogram(
     key, values, *, num_bins: int, upper, sigma, scale, modulus: int, client_mask=None
 ) -> tuple[jax.Array, ...]:
-    r"""The server's noisy hierarchical histogram h_hat of 004 Algorithm 2.
+    r"""The server's noisy hierarchical histogram h_hat of Pillutla et al. 2023, Algorithm 2.
 
     Lines 1-4 up to the CDF: h_hat = signed(s) / c, where s is the secure sum
     of the clients' (c x_i + xi_i) mod M, xi_i ~ N_Z(0, sigma^2) i.i.d. per
@@ -259,7 +260,7 @@ def dp_quantile(
 ) -> jax.Array:
     r"""The (1 - theta)-quantile of the clients' values with distributed DP.
 
-    004 Algorithm 2 end to end, as the protocol runs:
+    Pillutla et al. 2023, Algorithm 2, end to end, as the protocol runs:
 
     1. client i builds its one-hot hierarchical histogram x_i of its value
        (clipped to [0, upper], b = `num_bins` bins; 2b - 2 nodes, the root
@@ -270,14 +271,14 @@ def dp_quantile(
     4. the server maps s to its signed representative in (-M/2, M/2], divides
        by c, and returns `histogram_quantile` of that noisy tree with
        num_values = the number of (unmasked) clients: l_{j*} with
-       j* = argmin_j |H_hat(j) - (1 - theta) n| (004 eq. 8).
+       j* = argmin_j |H_hat(j) - (1 - theta) n| (Pillutla et al. 2023, eq. 8).
 
     With sigma = 0 and M > 2 c n the result is exactly `histogram_quantile`
     of the true histogram. With a small M the sum wraps around: a node whose
     scaled noisy count leaves (-M/2, M/2] is decoded as a wrong, possibly
-    negative, count (004 Section 7.6, Figure 5 at bit width 10). Privacy:
-    (epsilon^2 / 2)-zCDP with `dp_quantile_epsilon`, given
-    M >= `dp_quantile_modulus` (004 Theorem 6).
+    negative, count (Pillutla et al. 2023, Section 7.6, Figure 5 at bit
+    width 10). Privacy: (epsilon^2 / 2)-zCDP with `dp_quantile_epsilon`,
+    given M >= `dp_quantile_modulus` (Pillutla et al. 2023, Theorem 6).
 
     Jittable with static `num_bins` and `modulus`; `theta`, `sigma`, `scale`
     and `upper` may be traced (a traced float scale is rounded to an integer).
@@ -337,7 +338,7 @@ def _check_counts(num_bins, num_clients) -> tuple[int, int]:
 
 
 def _psi(num_clients: int, sigma: float) -> float:
-    """Psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)) (004 Theorem 6)."""
+    """Psi = 10 sum_{i=1}^{n-1} exp(-2 pi^2 sigma^2 i / (i + 1)) (Pillutla et al. 2023, Theorem 6)."""
     i = np.arange(1, num_clients, dtype=np.float64)
     return float(10.0 * np.sum(np.exp(-2.0 * math.pi**2 * sigma**2 * i / (i + 1))))
 
@@ -379,19 +380,21 @@ def dp_quantile_epsilon(
     Derivation (docs/privacy.md, "The quantile's epsilon"). The noisy tree
     sums n independent N_Z(0, sigma^2) per node over d = 2b nodes; one client
     replaced changes the sum by a vector of L2 norm <= Delta2 = c log2(b)
-    (004's value, an upper bound of the true c sqrt(2 log2 b) for b >= 4) and
-    L1 norm <= Delta1 = 2 c log2(b). KLS21 Proposition 14 (004 Lemma 18)
-    bounds the Renyi divergence of order alpha >= 1 by the min of
+    (the value in Pillutla et al. 2023, an upper bound of the true
+    c sqrt(2 log2 b) for b >= 4) and L1 norm <= Delta1 = 2 c log2(b). KLS21
+    Proposition 14 (Pillutla et al. 2023, Lemma 18) bounds the Renyi
+    divergence of order alpha >= 1 by the min of
       alpha/2 Delta2^2 / (n sigma^2) + psi d,
       alpha/2 (Delta2^2 / (n sigma^2) + 2 Delta1 psi / (sqrt(n) sigma) + psi^2 d),
       alpha/2 (Delta2 / (sqrt(n) sigma) + psi sqrt(d))^2.
     rho-zCDP needs D_alpha <= rho alpha for *every* alpha >= 1; the first
     bound's constant psi d is <= psi d alpha there, so it gives rho = s^2/2 +
     psi d, i.e. (A); the other two are already linear in alpha, (B) and (C).
-    004 Theorem 6(a) (and KLS21 Theorem 1) print (A) as s^2 + psi b, which
-    holds only at alpha >= 4: below sigma ~ 1 that understates epsilon (b = 32,
-    n = 100, c = 1, sigma = 0.6: 6.86 there, 11.84 here). From sigma ~ 2 psi
-    is negligible and both agree with s. Host-side float64.
+    Pillutla et al. 2023, Theorem 6(a) (and KLS21 Theorem 1) print (A) as
+    s^2 + psi b, which holds only at alpha >= 4: below sigma ~ 1 that
+    understates epsilon (b = 32, n = 100, c = 1, sigma = 0.6: 6.86 there,
+    11.84 here). From sigma ~ 2 psi is negligible and both agree with s.
+    Host-side float64.
 
     The guarantee needs M >= `dp_quantile_modulus` and sigma >= 1/2.
     epsilon is decreasing in sigma and increasing in c.
@@ -419,10 +422,10 @@ def dp_quantile_epsilon(
 def dp_quantile_modulus(
     num_bins: int, num_clients: int, sigma: float, scale: float, delta: float
 ) -> int:
-    r"""The smallest modulus 004 Theorem 6 allows.
+    r"""The smallest modulus that Theorem 6 of Pillutla et al. 2023 allows.
 
     M = ceil(2 + 2 c n + 2 n sqrt(2 sigma^2 log(16 n b / delta))): then no
-    wraparound happens with probability >= 1 - delta/4 (004 Claim 16).
+    wraparound happens with probability >= 1 - delta/4 (Pillutla et al. 2023, Claim 16).
 
     Args:
       num_bins: b, a power of two >= 2.

@@ -1,17 +1,18 @@
 """Hierarchical histograms, their dyadic CDF and the histogram quantile.
 
-The tree over b = 2^L bins of [0, upper] (004 Section 4.2, Algorithm 2):
-level r = 0, ..., L - 1 has b / 2^r nodes, node j of level r counting the
-values in bins j 2^r, ..., (j + 1) 2^r - 1. The root (level L), whose count is
-the public number of values, is left out, so a tree has 2b - 2 nodes.
+The tree over b = 2^L bins of [0, upper] (Pillutla et al. 2023, Section 4.2,
+Algorithm 2): level r = 0, ..., L - 1 has b / 2^r nodes, node j of level r
+counting the values in bins j 2^r, ..., (j + 1) 2^r - 1. The root (level L),
+whose count is the public number of values, is left out, so a tree has
+2b - 2 nodes.
 
 Indices here are 0-based; the paper's are 1-based (its l_j is our edge j,
 its H(j) our `H[j - 1]`).
 
 Reference:
-  [004] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui. Federated Learning
-    with Superquantile Aggregation for Heterogeneous Data. Machine Learning,
-    2023 (shared/papers/004_81c8af14ec6ef25c.txt).
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -109,11 +110,12 @@ def hierarchical_histogram(values, num_bins: int, upper) -> tuple[jax.Array, ...
     levels[r][..., j] = #{ i : value_i in bins j 2^r, ..., (j + 1) 2^r - 1 },
 
     r = 0, ..., log2(b) - 1, with bin j = [j upper / b, (j + 1) upper / b) and
-    the last bin closed (004 Algorithm 2 line 1, summed over clients). Values
-    are clipped to [0, upper] (so -inf counts in bin 0 and +inf in bin b - 1);
-    NaN values are not counted anywhere. The root count (the number of values)
-    is public and left out. Built with one segment sum for level 0 and pairwise
-    sums above it; batched over the leading axes of `values`.
+    the last bin closed (Pillutla et al. 2023, Algorithm 2 line 1, summed over
+    clients). Values are clipped to [0, upper] (so -inf counts in bin 0 and
+    +inf in bin b - 1); NaN values are not counted anywhere. The root count
+    (the number of values) is public and left out. Built with one segment sum
+    for level 0 and pairwise sums above it; batched over the leading axes of
+    `values`.
 
     Args:
       values: [..., n] floats (the last axis is summarized).
@@ -156,12 +158,12 @@ def dyadic_cdf(levels) -> jax.Array:
 
     H[j - 1] = sum_{(r, o) in P_j} levels[r][o] for j = 1, ..., b,
 
-    where P_j is the maximal dyadic partition of bins 1..j (004 Algorithm 2
-    line 4): one node per set bit r of j, the node of level r covering the
-    2^r bins that follow the higher bits, i.e. levels[r][(j >> r) - 1]. For
-    j < b at most log2(b) - 1 nodes are summed. The partition of the full
-    range j = b is the root, which is not stored; H[b - 1] is the sum of the
-    two top-level nodes instead.
+    where P_j is the maximal dyadic partition of bins 1..j (Pillutla et al.
+    2023, Algorithm 2 line 4): one node per set bit r of j, the node of level
+    r covering the 2^r bins that follow the higher bits, i.e.
+    levels[r][(j >> r) - 1]. For j < b at most log2(b) - 1 nodes are summed.
+    The partition of the full range j = b is the root, which is not stored;
+    H[b - 1] is the sum of the two top-level nodes instead.
 
     On a consistent histogram (every node the sum of its children) this is
     the cumulative sum of level 0. On a noisy, inconsistent one it uses the
@@ -204,10 +206,11 @@ def histogram_quantile(levels, theta, num_values, upper) -> jax.Array:
 
     l_{j*} = j* upper / b,   j* = argmin_{j in 1..b} |H(j) - (1 - theta) m|
 
-    with H the `dyadic_cdf` and m = `num_values` (004 eq. 8; the first index
-    on ties). The result is the right edge of bin j*, so it lies in
-    {upper / b, 2 upper / b, ..., upper}. On an exact histogram its error in
-    the sense of 004 eq. 19 is the best achievable R*_theta(H) (eq. 18).
+    with H the `dyadic_cdf` and m = `num_values` (Pillutla et al. 2023,
+    eq. 8; the first index on ties). The result is the right edge of bin j*,
+    so it lies in {upper / b, 2 upper / b, ..., upper}. On an exact histogram
+    its error in the sense of Pillutla et al. 2023, eq. 19, is the best
+    achievable R*_theta(H) (eq. 18).
 
     Args:
       levels: log2(b) arrays levels[r] of shape [..., b / 2^r] (counts or

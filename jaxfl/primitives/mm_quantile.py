@@ -1,4 +1,4 @@
-"""A quantile computed from weighted means only (000 Appendix B.1).
+"""A quantile computed from weighted means only (Laguel et al. 2020, Appendix B.1).
 
 Secure aggregation reveals weighted means of the clients' vectors and nothing
 else. The tau-quantile minimizes the pinball loss
@@ -8,9 +8,9 @@ minimizes it with one weighted mean per step, so the quantile can be computed
 by repeated secure aggregation.
 
 Reference:
-  [000] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui. A Superquantile
-    Approach to Federated Learning with Heterogeneous Devices. CISS 2021
-    (shared/papers/000_b39002db9a382c70.txt), Appendix B.1, eq. 17.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020, Appendix B.1, eq. 17.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def mm_quantile(
 ) -> jax.Array:
     r"""The `level`-quantile of weighted values by majorization-minimization.
 
-    000 Appendix B.1 eq. 17: starting from the weighted mean mu_0,
+    Laguel et al. 2020, Appendix B.1, eq. 17: starting from the weighted mean mu_0,
 
       mu_{t+1} = (sum_k beta_k x_k + (2 tau - 1)) / sum_k beta_k,
       beta_k = alpha_k / max(|x_k - mu_t|, floor),
@@ -38,11 +38,11 @@ def mm_quantile(
     minimizer of the quadratic majorizer (1/4) sum_k alpha_k [(x_k - mu)^2 /
     |x_k - mu_t| + (4 tau - 2)(x_k - mu) + |x_k - mu_t|] of the pinball loss
     H_tau, and needs only the weighted means sum_k beta_k x_k and
-    sum_k beta_k: the secure-aggregation-compatible protocol of 000. The
-    paper stops at mu_t = x_k (where beta_k is infinite); here |x_k - mu_t|
-    is floored at `floor` = relative_floor * (the weighted mean absolute
-    deviation about mu_0, itself one more weighted mean), which makes each
-    step an MM step for a Huber-smoothed pinball loss: H_tau decreases
+    sum_k beta_k: the secure-aggregation-compatible protocol of Laguel et al.
+    2020. The paper stops at mu_t = x_k (where beta_k is infinite); here
+    |x_k - mu_t| is floored at `floor` = relative_floor * (the weighted mean
+    absolute deviation about mu_0, itself one more weighted mean), which makes
+    each step an MM step for a Huber-smoothed pinball loss: H_tau decreases
     monotonically up to O(floor) and the limit is within O(floor) of a
     tau-quantile.
 
@@ -115,7 +115,7 @@ def mm_quantile(
 
 
 def pinball_loss(values, mu, level, weights=None) -> jax.Array:
-    """The pinball loss H_tau(mu) = sum_k alpha_k h_tau(x_k - mu) (000 App. B.1).
+    """The pinball loss H_tau(mu) = sum_k alpha_k h_tau(x_k - mu) (Laguel et al. 2020, App. B.1).
 
     For tests and diagnostics; alpha = normalized weights (None = uniform).
     """

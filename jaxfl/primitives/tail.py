@@ -23,16 +23,17 @@ Shared conventions (each docstring repeats what applies to it):
 * Rounding: the tail mass theta * sum(w) is compared with cumulative weights
   with a tolerance of 8 float eps (relative), so that theta * n that is an
   integer in exact arithmetic (theta = 0.1 as float32, n = 100) is treated as
-  one: the boundary client then has exactly zero weight, as in 004
-  Proposition 3(c).
+  one: the boundary client then has exactly zero weight, as in Pillutla et
+  al. 2023, Proposition 3(c).
 
 References:
-  [004] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui. Federated Learning
-    with Superquantile Aggregation for Heterogeneous Data. Machine Learning,
-    2023 (shared/papers/004_81c8af14ec6ef25c.txt).
-  [000] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui. A Superquantile
-    Approach to Federated Learning with Heterogeneous Devices. CISS 2021
-    (shared/papers/000_b39002db9a382c70.txt).
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
+    Device Heterogeneity in Federated Learning: A Superquantile Approach.
+    arXiv preprint, 2020 (the weighted superquantile with data weights
+    alpha_k: Property 2 and eq. 2).
   [TERM] T. Li, A. Beirami, M. Sanjabi, V. Smith. Tilted Empirical Risk
     Minimization. ICLR 2021.
 """
@@ -170,14 +171,15 @@ def superquantile(losses, theta, weights=None) -> jax.Array:
                           0 <= pi_i <= wbar_i / theta }
                   = min_eta  eta + (1 / theta) sum_i wbar_i (a_i - eta)_+,
 
-    the dual (004 eq. 5, 7; 000 Property 2 with weights alpha_k) and the
-    Rockafellar-Uryasev form (000 eq. 2); the minimizing eta is
-    `tail_threshold`. Sorting the losses in decreasing order, the maximizer
-    gives wbar_i / theta to every loss above Q_theta and the rest of the mass
-    to the losses equal to Q_theta (the fractional boundary client, 004
-    Proposition 3), so the result is exact for every theta, also when
-    theta * n is not an integer. theta = 1 gives the weighted mean; as
-    theta -> 0 it tends to the largest loss of positive weight.
+    the dual (Pillutla et al. 2023, eq. 5, 7; Laguel et al. 2020, Property 2
+    with weights alpha_k) and the Rockafellar-Uryasev form (Laguel et al.
+    2020, eq. 2); the minimizing eta is `tail_threshold`. Sorting the losses
+    in decreasing order, the maximizer gives wbar_i / theta to every loss
+    above Q_theta and the rest of the mass to the losses equal to Q_theta
+    (the fractional boundary client, Pillutla et al. 2023, Proposition 3),
+    so the result is exact for every theta, also when theta * n is not an
+    integer. theta = 1 gives the weighted mean; as theta -> 0 it tends to the
+    largest loss of positive weight.
 
     Differentiable: the derivative with respect to `losses` is
     `superquantile_weights(losses, theta, weights)` (Danskin's theorem; at
@@ -225,16 +227,18 @@ def superquantile_weights(losses, theta, weights=None) -> jax.Array:
     r"""The maximizing mixture weights pi of the superquantile.
 
     pi = argmax { sum_i pi_i a_i : pi in the simplex, 0 <= pi_i <= wbar_i/theta }
-    (004 eq. 10 and Algorithm 3 line 3; 000 Property 2). With Q = Q_theta the
-    `tail_threshold`, m_> = sum_{a_j > Q} wbar_j and m_= = sum_{a_j = Q} wbar_j:
+    (Pillutla et al. 2023, eq. 10 and Algorithm 3 line 3; Laguel et al.
+    2020, Property 2). With Q = Q_theta the `tail_threshold`,
+    m_> = sum_{a_j > Q} wbar_j and m_= = sum_{a_j = Q} wbar_j:
 
       pi_i = wbar_i / theta                           if a_i > Q,
       pi_i = wbar_i (theta - m_>) / (theta m_=)       if a_i = Q,
       pi_i = 0                                        if a_i < Q.
 
     Exactly ceil(theta n) entries are nonzero for distinct losses and uniform
-    weights (004 Remark 1); the boundary entry carries the fractional weight
-    (theta n - floor(theta n)) / (theta n) when theta n is not an integer.
+    weights (Pillutla et al. 2023, Remark 1); the boundary entry carries the
+    fractional weight (theta n - floor(theta n)) / (theta n) when theta n is
+    not an integer.
     Tied losses at Q share the boundary mass in proportion to their weights,
     so the result does not depend on the order of ties (any maximizer is a
     valid subgradient of the superquantile, this is the symmetric one).
@@ -278,8 +282,9 @@ def tail_threshold(losses, theta, weights=None) -> jax.Array:
 
     Q_theta = inf { eta in support : sum_{i: a_i > eta} wbar_i <= theta }
 
-    (004 Section 3.3, the quantile "inf{eta : P(Z > eta) <= theta}" of the
-    weighted empirical distribution; 000 Property 2: the minimizing eta of the
+    (Pillutla et al. 2023, Section 3.3, the quantile
+    "inf{eta : P(Z > eta) <= theta}" of the weighted empirical distribution;
+    Laguel et al. 2020, Property 2: the minimizing eta of the
     Rockafellar-Uryasev form). For theta < 1 the restriction to the support
     (the losses of positive weight) changes nothing; at theta = 1 it makes Q
     the smallest loss instead of -inf. This is the "inverted CDF" quantile:
@@ -330,7 +335,7 @@ def _check_nonempty(losses: jax.Array) -> None:
 
 
 # ---------------------------------------------------------------------------
-# KL-smoothed superquantile (004 eq. 14-15).
+# KL-smoothed superquantile (Pillutla et al. 2023, eq. 14-15).
 
 
 class _Smoothed(NamedTuple):
@@ -462,14 +467,14 @@ def smoothed_superquantile(losses, theta, nu, weights=None) -> jax.Array:
     S^nu_theta(a; w) = max { sum_i pi_i a_i - nu KL(pi || wbar) :
                              pi in the simplex, pi_i <= wbar_i / theta }
 
-    with KL(pi || wbar) = sum_i pi_i log(pi_i / wbar_i) (004 eq. 14-15, where
-    wbar is uniform and the KL is D(pi)). The maximizer is
-    pi_i = min(wbar_i / theta, wbar_i exp((a_i - lam) / nu)) for the scalar lam
-    that makes pi sum to one; it is computed exactly (no iteration) by one
-    sort. 0 <= S_theta - S^nu_theta <= nu log(1 / theta) (the KL of any
-    feasible pi is at most log(1/theta)), so it tends to `superquantile` as
-    nu -> 0, and nu = 0 returns the superquantile itself. theta = 1 gives the
-    weighted mean for every nu.
+    with KL(pi || wbar) = sum_i pi_i log(pi_i / wbar_i) (Pillutla et al.
+    2023, eq. 14-15, where wbar is uniform and the KL is D(pi)). The
+    maximizer is pi_i = min(wbar_i / theta, wbar_i exp((a_i - lam) / nu)) for
+    the scalar lam that makes pi sum to one; it is computed exactly (no
+    iteration) by one sort. 0 <= S_theta - S^nu_theta <= nu log(1 / theta)
+    (the KL of any feasible pi is at most log(1/theta)), so it tends to
+    `superquantile` as nu -> 0, and nu = 0 returns the superquantile itself.
+    theta = 1 gives the weighted mean for every nu.
 
     Smooth in the losses (gradient `smoothed_superquantile_weights`, with
     Lipschitz constant 1/nu) and in theta, nu and the weights, by the
@@ -516,7 +521,7 @@ def smoothed_superquantile(losses, theta, nu, weights=None) -> jax.Array:
 
 
 def smoothed_superquantile_weights(losses, theta, nu, weights=None) -> jax.Array:
-    r"""The maximizing pi of `smoothed_superquantile` (004 eq. 15).
+    r"""The maximizing pi of `smoothed_superquantile` (Pillutla et al. 2023, eq. 15).
 
     pi_i = min(wbar_i / theta, wbar_i exp((a_i - lam) / nu)), with lam such
     that sum(pi) = 1: the gradient of `smoothed_superquantile` with respect to
@@ -669,10 +674,10 @@ def tilted_risk(losses, t, weights=None) -> jax.Array:
 
     R_t(a; w) = (1/t) log sum_i wbar_i exp(t a_i),
 
-    the objective of Tilted ERM and of the entropic risk measure of 004
-    Section 6 (there with uniform weights and parameter nu = t). t = 0 is the
-    weighted mean (the limit), t -> +inf tends to the max and t -> -inf to
-    the min of the losses of positive weight. Computed without overflow and
+    the objective of Tilted ERM and of the entropic risk measure of Pillutla
+    et al. 2023, Section 6 (there with uniform weights and parameter nu = t).
+    t = 0 is the weighted mean (the limit), t -> +inf tends to the max and
+    t -> -inf to the min of the losses of positive weight. Computed without overflow and
     without cancellation for small |t|: shifted by the extreme loss when
     |t| (max - min) > 1, else by the mean with expm1/log1p.
 

@@ -3,12 +3,18 @@
 * `clipping`: per-client updates clipped to l2 norm C;
 * `noise`: the Gaussian sum mechanism on the clipped updates;
 * `accounting`: the per-round DP event (sampling without replacement, the
-  Gaussian update, the DP quantile of 004 Theorem 6) composed over rounds
-  with Google's dp-accounting; epsilon spent and noise calibration;
+  Gaussian update, the DP quantile of Pillutla et al. 2023, Theorem 6)
+  composed over rounds with Google's dp-accounting; epsilon spent and noise
+  calibration;
 * `budget`: from a run's privacy settings to calibrated noise and back to
   the epsilon spent (what the runner and the CLI use).
 
 See docs/privacy.md.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from jaxfl.privacy.accounting import (

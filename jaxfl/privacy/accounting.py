@@ -1,10 +1,10 @@
 r"""Privacy accounting of DP-FedAvg and DP Delta-FL with Google's dp-accounting.
 
-Unit of privacy and adjacency. Client-level (user-level) DP (thesis
-Definition 4, `shared/notes/thesis-spec.md` section 7.1): two training
-populations are neighbours when they differ in the *whole data of one
-client*, replaced by arbitrary data; the number n of training clients is
-public (`REPLACE_ONE` in dp-accounting). This is the adjacency under which
+Unit of privacy and adjacency. Client-level (user-level) DP (Li 2023
+(thesis), Definition 4 in Section 2.5): two training populations are
+neighbours when they differ in the *whole data of one client*, replaced by
+arbitrary data; the number n of training clients is public (`REPLACE_ONE`
+in dp-accounting). This is the adjacency under which
 the amplification of sampling a fixed-size cohort without replacement is
 proved (Wang, Balle, Kasiviswanathan, Subsampled Renyi Differential Privacy
 and Analytical Moments Accountant, AISTATS 2019, Theorem 27), and the only
@@ -21,15 +21,16 @@ What one round releases, and its sensitivity (per round t):
    add/remove-one, as jax_privacy's `BoundedSensitivityCallable` also
    states). With sigma_w = z Delta the Gaussian mechanism is
    rho_w = Delta^2 / (2 sigma_w^2) = 1 / (2 z^2) zCDP (Bun and Steinke 2016).
-   (004 Appendix D, Claim 20, writes sigma_w^2 / (2 C^2), the inverse; the
-   form here is the Gaussian mechanism's.) The server then divides by a
-   public count -- m for DP-FedAvg (the cohort size, which is also its
-   expected size: McMahan et al. 2018's fixed denominator), m_t for DP
-   Delta-FL, which 004 Appendix D assumes public -- and takes a server
-   optimizer step: post-processing;
+   (Pillutla et al. 2023, Appendix D, Claim 20, writes sigma_w^2 / (2 C^2),
+   the inverse; the form here is the Gaussian mechanism's.) The server then
+   divides by a public count -- m for DP-FedAvg (the cohort size, which is
+   also its expected size: McMahan et al. 2018's fixed denominator), m_t for
+   DP Delta-FL, which Pillutla et al. 2023, Appendix D, assumes public --
+   and takes a server optimizer step: post-processing;
 3. DP Delta-FL only: the noisy hierarchical histogram of the m cohort losses
-   (004 Algorithm 2, `jaxfl.primitives.dp_quantile`), from which the server
-   reads the threshold Q_t. Theorem 6(a) of 004 with n = m clients gives
+   (Pillutla et al. 2023, Algorithm 2, `jaxfl.primitives.dp_quantile`), from
+   which the server reads the threshold Q_t. Theorem 6(a) of Pillutla et al.
+   2023 with n = m clients gives
    rho_q = eps_q^2 / 2 with eps_q = `dp_quantile_epsilon(b, m, sigma_q, c)`.
    Theorem 6 takes the sensitivity of the scaled histogram sum as
    c log2(b); under replacement one client's one-hot tree changes in at most
@@ -38,12 +39,12 @@ What one round releases, and its sensitivity (per round t):
    `jaxfl.privacy.budget`). The modular secure sum is a function of the
    noisy sum, so the modulus M only matters for utility (Theorem 6(b)).
 
-Budget split (004 Section 7.7 and Appendix D.2: "the privacy budget for the
-quantile computation to be r times the privacy budget of the weight
-update"). Here *budget* means the per-round, per-cohort zCDP parameter rho
-(before amplification): rho_q = r rho_w, i.e. eps_q = sqrt(2 r rho_w) =
-sqrt(r) / z (`quantile_epsilon_for`). The quantile's share of a round's
-zCDP is r / (1 + r).
+Budget split (Pillutla et al. 2023, Section 7.7 and Appendix D.2: "the
+privacy budget for the quantile computation to be r times the privacy budget
+of the weight update"). Here *budget* means the per-round, per-cohort zCDP
+parameter rho (before amplification): rho_q = r rho_w, i.e.
+eps_q = sqrt(2 r rho_w) = sqrt(r) / z (`quantile_epsilon_for`). The
+quantile's share of a round's zCDP is r / (1 + r).
 
 The accountant (`make_accountant`): dp-accounting's `RdpAccountant` with its
 default Renyi orders and `NeighboringRelation.REPLACE_ONE`. A round is the
@@ -65,11 +66,11 @@ round, but the amplification bound dp-accounting applies is proved for the
 Gaussian mechanism; the distributed discrete Gaussian is only shown to have
 the same zCDP (up to the psi term already in eps_q). So the DP Delta-FL
 epsilon assumes that the quantile amplifies under sampling like a Gaussian
-of equal zCDP (004 Appendix D likewise applies generic subsampling bounds).
-`epsilon_spent(..., amplified=False)` gives a bound that needs no such
-assumption: each round as `ZCDpEvent(rho_w + rho_q)` with no amplification
-(valid for any mechanism, since the Renyi divergence is jointly
-quasi-convex: van Erven and Harremoes, Renyi Divergence and
+of equal zCDP (Pillutla et al. 2023, Appendix D, likewise applies generic
+subsampling bounds). `epsilon_spent(..., amplified=False)` gives a bound
+that needs no such assumption: each round as `ZCDpEvent(rho_w + rho_q)` with
+no amplification (valid for any mechanism, since the Renyi divergence is
+jointly quasi-convex: van Erven and Harremoes, Renyi Divergence and
 Kullback-Leibler Divergence, IEEE Trans. Inf. Theory 2014), but much larger.
 The two mechanisms share the cohort, so their amplification is not split
 (amplifying the update alone and adding an unamplified quantile is not
@@ -77,6 +78,24 @@ justified by composition: the threshold depends on the same cohort and can
 reveal whether a client was sampled).
 
 Everything here is host-side Python (float64), outside the compiled round.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [WBK19] Y.-X. Wang, B. Balle, S. Kasiviswanathan. Subsampled Renyi
+    Differential Privacy and Analytical Moments Accountant. AISTATS 2019.
+  [Bun and Steinke 2016] M. Bun, T. Steinke. Concentrated Differential
+    Privacy: Simplifications, Extensions, and Lower Bounds. TCC 2016.
+  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
+    Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Mironov et al. 2019] I. Mironov, K. Talwar, L. Zhang. Renyi Differential
+    Privacy of the Sampled Gaussian Mechanism. arXiv preprint, 2019.
+  [van Erven and Harremoes 2014] T. van Erven, P. Harremoes. Renyi
+    Divergence and Kullback-Leibler Divergence. IEEE Transactions on
+    Information Theory, 2014.
 """
 
 from __future__ import annotations
@@ -244,7 +263,8 @@ def make_accountant() -> rdp_privacy_accountant.RdpAccountant:
 
 
 # Cached: a sweep reports every point (both trust models), and points share
-# their noise; one accountant evaluation took 70 ms on the 2-core CPU.
+# their noise, while one accountant evaluation is costly (measured:
+# docs/privacy.md, section "Accounting", the "Cost" item).
 @functools.lru_cache(maxsize=4096)
 def epsilon_spent(
     rounds_done: int,

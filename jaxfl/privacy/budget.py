@@ -11,9 +11,9 @@ is trained or written) and returns the noise hyperparameters that go into
   (`jaxfl.privacy.accounting`), the smallest z whose run of `rounds` rounds
   spends at most `epsilon` at `delta` (default delta = 1/n);
 * 'dp_quantile_sigma' sigma_q (DP Delta-FL): the discrete Gaussian parameter
-  per client of 004 Algorithm 2 whose Theorem 6(a) epsilon is
-  eps_q = sqrt(r) / z, i.e. the quantile's per-round zCDP is r times the
-  update's (`accounting.quantile_epsilon_for`), obtained with the
+  per client of Pillutla et al. 2023, Algorithm 2, whose Theorem 6(a)
+  epsilon is eps_q = sqrt(r) / z, i.e. the quantile's per-round zCDP is r
+  times the update's (`accounting.quantile_epsilon_for`), obtained with the
   primitive's inverse `dp_quantile_sigma(eps_q, b, m, c)` at the scale c.
 
 A noise setting given explicitly is used as is. With `dp_noise_multiplier`
@@ -41,6 +41,11 @@ Refused settings (each a one-line `ValueError`):
   each coordinate of the sum, z 2C, exceeds m C, the largest norm the whole
   cohort's clipped sum can have: every coordinate of every round is
   dominated by noise, and the run would train to nothing.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ from jaxfl.privacy.accounting import (
 
 NOISE_MULTIPLIER = "dp_noise_multiplier"
 QUANTILE_SIGMA = "dp_quantile_sigma"
-# Theorem 6 of 004 holds for sigma >= 1/2.
+# Theorem 6 of Pillutla et al. 2023 holds for sigma >= 1/2.
 MIN_QUANTILE_SIGMA = 0.5
 # Smallest b whose Theorem 6 sensitivity covers replacement (module docstring).
 MIN_QUANTILE_BINS = 4
@@ -88,7 +93,7 @@ def max_noise_multiplier(clients_per_round: int) -> float:
 
 
 def default_delta(num_clients: int) -> float:
-    """The default delta, 1 / n (004 Section 7.7: (epsilon, 1/n)-DP)."""
+    """The default delta, 1 / n (Pillutla et al. 2023, Section 7.7: (epsilon, 1/n)-DP)."""
     return 1.0 / num_clients
 
 
@@ -141,8 +146,8 @@ class DpBudget:
         if bins < MIN_QUANTILE_BINS:
             raise ValueError(
                 f"dp_bins must be >= {MIN_QUANTILE_BINS} for DP accounting of the "
-                f"quantile (004 Theorem 6's sensitivity covers replacing a client "
-                f"only from b = 4), got {bins}"
+                f"quantile (the sensitivity in Theorem 6 of Pillutla et al. 2023 covers "
+                f"replacing a client only from b = 4), got {bins}"
             )
         return bins, bits, int(scale)
 
@@ -183,7 +188,8 @@ class DpBudget:
             _positive(given_z, NOISE_MULTIPLIER)
         if given_sigma is not None and not given_sigma >= MIN_QUANTILE_SIGMA:
             raise ValueError(
-                f"{QUANTILE_SIGMA} must be >= {MIN_QUANTILE_SIGMA} (004 Theorem 6), "
+                f"{QUANTILE_SIGMA} must be >= {MIN_QUANTILE_SIGMA} "
+                f"(Pillutla et al. 2023, Theorem 6), "
                 f"got {given_sigma:g}"
             )
         out: dict[str, float] = {}
@@ -231,8 +237,8 @@ class DpBudget:
                     at_half = dp_quantile_epsilon(bins, m, MIN_QUANTILE_SIGMA, scale)
                     raise ValueError(
                         f"the quantile's budget eps_q={target:.4g} per round needs "
-                        f"sigma < 1/2 at dp_scale={scale} (004 Theorem 6 needs "
-                        f"sigma >= 1/2, where eps_q={at_half:.4g}): raise dp_scale"
+                        f"sigma < 1/2 at dp_scale={scale} (Theorem 6 of Pillutla et al. "
+                        f"2023 needs sigma >= 1/2, where eps_q={at_half:.4g}): raise dp_scale"
                     ) from None
             sigma = _float32_at_least(sigma)
             if sigma > MAX_SIGMA:
@@ -245,7 +251,7 @@ class DpBudget:
             if needed > min(2**bits, MAX_MODULUS):
                 raise ValueError(
                     f"dp_bits={bits} gives a ring of 2^{bits}, smaller than the "
-                    f"modulus {needed} that 004 Theorem 6 needs for b={bins}, "
+                    f"modulus {needed} that Theorem 6 of Pillutla et al. 2023 needs for b={bins}, "
                     f"m={m}, sigma={sigma:.4g}, c={scale} at delta={delta:.3g}: "
                     f"use dp_bits >= {math.ceil(math.log2(needed))}"
                 )
@@ -311,7 +317,7 @@ class DpBudget:
                 # Total discrete Gaussian noise per histogram node, in counts.
                 "noise_stddev_per_node": math.sqrt(m) * sigma / scale,
                 "accounting": (
-                    "004 Theorem 6(a) with n = m, entered as a Gaussian of equal "
+                    "Pillutla et al. 2023, Theorem 6(a), with n = m, entered as a Gaussian of equal "
                     "zCDP (amplification by sampling assumed as for a Gaussian)"
                 ),
                 **_count_report(settings),
@@ -364,7 +370,8 @@ def _count_report(settings: Any) -> dict[str, Any]:
             "selected_count_public": True,
             "divisor": "the exact count m_t of clients that passed the threshold",
             "assumption": (
-                "004 Appendix D: m_t is publicly known. It is released by the update and NOT accounted: "
+                "Pillutla et al. 2023, Appendix D: m_t is publicly known. It is released by the update and "
+                "NOT accounted: "
                 "replacing one client's data changes it by one, and m_t = 0 shows as a round without update"
             ),
         }

@@ -6,15 +6,20 @@ each client contributes an update of l2 norm at most C,
     clip(u, C) = u * min(1, C / ||u||_2),       ||clip(u, C)||_2 <= C,
 
 where ||u||_2 is the norm of the whole update (all leaves of the model's
-pytree concatenated), as in 004 Algorithm 4 line 9 (Pillutla et al.,
-`shared/papers/004_81c8af14ec6ef25c.txt`, Appendix D) and DP-FedAvg
-(McMahan et al., Learning Differentially Private Recurrent Language Models,
-ICLR 2018, "flat clipping").
+pytree concatenated), as in Pillutla et al. 2023, Algorithm 4 line 9
+(Appendix D), and DP-FedAvg (McMahan et al. 2018, "flat clipping").
 
 Non-finite entries (a diverged client) are set to zero *before* the norm is
 taken, so that the bound holds for every input: a NaN could otherwise pass
 through the clipping and make the released sum depend on one client without
 bound (the same policy as jax_privacy's `clip_pytree(nan_safe=True)`).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
+    Learning Differentially Private Recurrent Language Models. ICLR 2018.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Gaussian sum mechanism on clipped client updates.
 
-What the server receives from a round's secure aggregate (004 Algorithm 4
-lines 9-10, DP-FedAvg of McMahan et al. 2018):
+What the server receives from a round's secure aggregate (Pillutla et al.
+2023, Algorithm 4 lines 9-10; DP-FedAvg of McMahan et al. 2018):
 
     s = sum_{i in S} p_i clip(u_i, C) + xi,     xi ~ N(0, sigma^2 I_d),
     sigma = z * Delta,   Delta = sum_sensitivity(C) = 2 C,
@@ -12,13 +12,20 @@ noise multiplier and Delta the l2 sensitivity of the sum under the
 replace-one-client adjacency (`jaxfl.privacy.accounting`). The noise is
 added to the *sum*, so its scale does not depend on how many clients
 contribute; the server's division by a public count is post-processing.
-(004 Algorithm 4 line 10 adds N(0, sigma_w^2 I) to the *average* over m_t
-clients instead, whose sensitivity 2C / m_t then varies with m_t; adding it
-to the sum is the form whose privacy is Delta^2 / (2 sigma^2) = 1 / (2 z^2)
-zCDP whatever m_t is.)
+(Pillutla et al. 2023, Algorithm 4 line 10, adds N(0, sigma_w^2 I) to the
+*average* over m_t clients instead, whose sensitivity 2C / m_t then varies
+with m_t; adding it to the sum is the form whose privacy is
+Delta^2 / (2 sigma^2) = 1 / (2 z^2) zCDP whatever m_t is.)
 
 Randomness: one key per round (from the round's server key), split into one
 key per leaf of the model; never reused across rounds or leaves.
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
+    Learning Differentially Private Recurrent Language Models. ICLR 2018.
 """
 
 from __future__ import annotations

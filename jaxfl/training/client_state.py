@@ -131,8 +131,10 @@ class HostClientState:
         """`state` with its host rows replaced by round `round_index`'s cohort's, on the device."""
         ids = self.cohort_ids(round_index)
         rows = jax.tree.map(lambda host: host[ids], state.clients)
-        # One placement and, in `store`, one fetch for rows and ids: separate ones cost the main job's
-        # ~4 ms round 8% (benchmarks/RESULTS.md).
+        # One placement and, in `store`, one fetch for rows and ids: separate ones made the
+        # quick-start run's Ditto rounds measurably slower (benchmarks/RESULTS.md, section "Host
+        # client rows with the cohort check: no speed change once rows and ids travel together
+        # (2026-11-27)").
         rows, placed_ids = self.place((rows, ids.astype(np.int32)))
         return dataclasses.replace(state, clients=GatheredClientRows(rows, placed_ids))
 

@@ -2,6 +2,10 @@
 
 The pieces every algorithm of the FedAvg family shares, so that algorithms
 differ only in how they weight and combine client results.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -248,7 +252,7 @@ def train_personal_models(
     mu = `hparams.prox_mu`. Its key is `fold_in(clients_key, client_ids[i])`,
     the key of its global local training in `train_cohort`, so both visit the
     same minibatches in the same order: the personal and the global steps of
-    thesis Algorithm 7 on the same minibatch, as the authors' code (they do not
+    Algorithm 7 of Li 2023 on the same minibatch, as the authors' code (they do not
     depend on each other within a round, so running them in two passes gives
     what interleaving them gives).
 
@@ -452,19 +456,19 @@ def finetune_models(
     ewc_lam: jax.Array | None = None,
     skl_lam: jax.Array | None = None,
 ) -> PersonalResults:
-    """Every client's model fine-tuned from `params` (thesis section 5.5: plain finetuning, EWC, SKL).
+    """Every client's model fine-tuned from `params` (plain finetuning, EWC, SKL: Li 2023, Section 5.3.4).
 
-    Client k runs `local` (its epochs: the thesis uses 50) of minibatch SGD
+    Client k runs `local` (its epochs: Li 2023 uses 50) of minibatch SGD
     with learning rate `lr` on all its examples, starting from the global
     model, with key `fold_in(key, k)`. A personalization baseline computed
     once after training; the models are evaluated like Ditto's.
 
-    With `ewc_lam` (EWC, thesis-spec 5.5): client k minimizes
+    With `ewc_lam` (EWC, Li 2023, Appendix 5.6.2): client k minimizes
     F_k(w) + ewc_lam/2 sum_i F_ii (w_i - w*_i)^2, F its diagonal empirical
     Fisher at the global model w* on one minibatch (its first: the first
     batch of its first fine-tuning epoch; `diagonal_fisher`).
 
-    With `skl_lam` (symmetrized KL, thesis-spec 5.5): client k minimizes
+    With `skl_lam` (symmetrized KL, Li 2023, Appendix 5.6.2): client k minimizes
     F_k(w) + skl_lam/2 (KL(f(w) || f(w*)) + KL(f(w*) || f(w))), f the
     softmax output, each divergence the mean over the step's minibatch
     (`mean_symmetrized_kl`).

@@ -9,10 +9,17 @@ steps); the steps past a client's own count are padding and leave its
 parameters untouched (a `lax.cond`, which also skips their cost when clients
 run one at a time; under `vmap` it becomes a select).
 
-The SGD step is the papers' (004 Algorithm 1 line 8; FedProx in the thesis,
-`shared/notes/thesis-spec.md` section 3.1):
+The SGD step is that of Pillutla et al. 2023 (Algorithm 1 line 8) and of
+FedProx's local objective (Li 2023, eq. 3.2):
 
     w <- (1 - lr * l2) w - lr * (grad F_i(w; batch) + mu (w - w_server)).
+
+References:
+  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
+    Federated Learning with Superquantile Aggregation for Heterogeneous
+    Data. Machine Learning, 2023.
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ class Task(NamedTuple):
     kind of target is read from the shapes at trace time:
 
     * one label per example, y `[B]`, logits `[B, C]`: the multinomial
-      logistic loss and misclassification (004 Appendix C.1);
+      logistic loss and misclassification (Pillutla et al. 2023, Appendix C.1);
     * a binary label, y `[B]` in {0, 1}, logits `[B, 1]`: the logistic loss
       (binary cross-entropy of the logit) and the sign error (Sent140);
     * a token sequence, y `[B, L]` int32 ids, logits `[B, L, V]`: per-token
@@ -224,9 +231,9 @@ class LocalHParams(NamedTuple):
     even 0.0, keeps it in the compiled step so that sweeps can vary it.
     `prox_weights` (a tree like the parameters) weighs the proximal term
     coordinate by coordinate: mu * F_i (w_i - anchor_i), EWC's diagonal
-    Fisher F (thesis section 5.5). `kl_mu` adds kl_mu/2 times the batch's
+    Fisher F (Li 2023, Appendix 5.6.2). `kl_mu` adds kl_mu/2 times the batch's
     mean symmetrized KL divergence between the model's and the anchor's
-    predictive distributions to the minimized loss (SKL, thesis section 5.5;
+    predictive distributions to the minimized loss (SKL, Li 2023, Appendix 5.6.2;
     `mean_symmetrized_kl`).
     """
 
@@ -261,8 +268,9 @@ def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
     For clients of at most 2^10 examples the random key and the position are
     packed into one uint32 (position in the low bits, >= 21 random bits above,
     the top bit marking padding), and one array is sorted instead of a
-    key-value pair: XLA:CPU sorts it 4-5x faster (100 clients of 400: 0.97 ms
-    against 4.1-5.3 ms; an emnist-linear round gained 2%, benchmarks/RESULTS.md).
+    key-value pair, which XLA:CPU sorts several times faster (measured:
+    benchmarks/RESULTS.md, section
+    "Real sequence workloads and the emnist-linear ratio, measured quietly (2026-11-26)").
     The keys' resolution matches the float32 keys of the general path (23
     random bits).
     """
@@ -337,7 +345,7 @@ def _step_rows(step, perms, offset, count, steps_per_epoch, max_count: int, conf
 
 
 def diagonal_fisher(task: Task, params: Params, population: ClientPopulation, rows: jax.Array) -> Params:
-    """The diagonal empirical Fisher of `params` on one minibatch (EWC, thesis section 5.5).
+    """The diagonal empirical Fisher of `params` on one minibatch (EWC, Li 2023, Appendix 5.6.2).
 
     F_i = mean over the batch's real examples e of (d/dw_i log p(y_e | x_e; w))^2:
     the squared per-example gradients of the loss (one example's summed
@@ -380,7 +388,7 @@ def mean_symmetrized_kl(
 ) -> jax.Array:
     """Mean over the batch's real targets of KL(p || q) + KL(q || p), p the model's, q the anchor's.
 
-    The SKL regularizer of thesis section 5.5 (`symmetrized_kl`): p and q
+    The SKL regularizer of Li 2023, Appendix 5.6.2 (`symmetrized_kl`): p and q
     are the softmax outputs of `params` and `anchor` (held fixed: no
     gradient flows into it). Targets as `minibatch_loss` counts them: one
     per example for labels (a binary logit is a two-class distribution),
@@ -446,7 +454,7 @@ def local_sgd(
       active: False runs zero steps (padding clients).
       anchor: the proximal term's center (default `params`): Ditto trains a
         personal model v from v towards the server model w_t with the
-        proximal term lambda/2 ||v - w_t||^2 (thesis Algorithm 7); also the
+        proximal term lambda/2 ||v - w_t||^2 (Li 2023, Algorithm 7); also the
         reference of `hparams.kl_mu`'s divergence.
       objective: replaces the minibatch loss: `(params, batch, valid,
         step_key) -> (value, reported loss)`, value differentiated (APFL's

@@ -287,11 +287,11 @@ def map_clients(
             mesh=mesh,
             in_specs=(PartitionSpec(), spec),
             out_specs=spec,
-            # With the check on, autodiff w.r.t. a replicated input inside
-            # shard_map is implicitly summed over devices (per-client updates
-            # came out num_devices times too large; see
-            # shared/notes/jax-on-this-machine.md). Each device's clients are
-            # independent here, so there is nothing to check.
+            # With the check on (the default, check_vma=True), `jax.grad`
+            # w.r.t. a replicated input inside shard_map is implicitly summed
+            # over devices: per-client updates come out num_devices times too
+            # large. Each device's clients are independent here, so there is
+            # nothing to check.
             check_vma=False,
         )(shared, per_client)
     if reorder:
@@ -311,15 +311,18 @@ def default_strategy(
 ) -> ClientStrategy:
     """The strategy to use when none is given, chosen from measurements.
 
-    From benchmarks/RESULTS.md (same-run ratios on the 2-core CPU, H100):
+    The figures are in docs/strategies.md, "The measurements behind them"
+    (and benchmarks/RESULTS.md):
 
-    * GPU/TPU: `vmap` (emnist-linear 418 rounds/s on an H100; chunked
-      layouts were slower there);
+    * GPU/TPU: `vmap`: one wide computation per local step is what an
+      accelerator wants (chunked layouts were slower on a GPU);
     * CPU, several devices: `sharded`, inner `chunked:10` for small models
-      (synthetic-small 60->10: 72 rounds/s, against 57 for inner vmap or
-      sequential and 30 for plain vmap) and inner `sequential` for larger
-      ones (emnist-linear 784->62: 6.85 rounds/s, against 6.39 for inner
-      chunked:5 and 2.1 for plain vmap);
+      (up to `SMALL_MODEL_PARAMETERS`: per-operation overhead dominates, and
+      batching 10 clients amortizes it while their models still fit in
+      cache; faster there than inner vmap, inner sequential or plain vmap)
+      and inner `sequential` for larger ones (one client's model at a time
+      stays in cache, where a full vmap's private models spill it; faster
+      there than inner chunked:5 or plain vmap);
     * CPU, one device: the same inner layouts.
     """
     if backend in ("gpu", "tpu"):

@@ -7,7 +7,7 @@ digits, 10-35 upper-case, 36-61 lower-case letters (62 classes; 10 with
 `pixels='inverted'` gives `1 - pixels` as FedJAX's preprocessing does
 (google/fedjax `fedjax/datasets/emnist.py`).
 
-Files recognized in `--data-dir` (data-sources.md 2(a), 2(a'), 2(b), 2(c)):
+Files recognized in `--data-dir` (readers in `jaxfl.data.formats`):
 
 * TFF HDF5: `fed_emnist_{train,test}.h5`, `fed_emnist_digitsonly_{train,test}.h5`;
 * TFF SQLite: `emnist_all.sqlite[.lzma]` (splits `all_*`, `digits_only_*`);

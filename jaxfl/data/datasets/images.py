@@ -4,8 +4,8 @@ Images become float32 in [0, 1], `[H, W, C]` (28x28x1 or 32x32x3); labels
 int32. Clients come from a partitioner (`jaxfl.data.datasets.centralized`),
 except CIFAR-100 from TFF's files, which has TFF's own federated split
 (`jaxfl.data.datasets.tff_cifar100`), and Fashion-MNIST's
-`partition='ditto'`, the 500 devices of Ditto's experiments (thesis Table
-5.4, `ditto_partition`), whose inputs are z-scored instead.
+`partition='ditto'`, the 500 devices of Ditto's experiments (Li 2023,
+Table 5.4; `ditto_partition`), whose inputs are z-scored instead.
 
 Files (the format is recognized by name):
 
@@ -20,6 +20,18 @@ Files (the format is recognized by name):
   binary version (`cifar-10-binary.tar.gz`, `cifar-10-batches-bin/`).
 * CIFAR-100: `cifar-100-python.tar.gz` or `cifar-100-python/` (partitioned),
   or TFF's `fed_cifar100_{train,test}.h5` / `cifar100.sqlite[.lzma]`.
+
+References:
+  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
+    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Xiao et al. 2017] H. Xiao, K. Rasul, R. Vollgraf. Fashion-MNIST: a Novel
+    Image Dataset for Benchmarking Machine Learning Algorithms. arXiv
+    preprint, 2017.
+  [Krizhevsky 2009] A. Krizhevsky. Learning Multiple Layers of Features
+    from Tiny Images. Technical report, University of Toronto, 2009.
+  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
+    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
+    Optimization. ICLR 2021.
 """
 
 from __future__ import annotations
@@ -62,7 +74,7 @@ DITTO_NUM_CLIENTS = 500
 DITTO_SEED = 233  # np.random.seed(233)
 DITTO_CLASSES_PER_CLIENT = 5
 DITTO_TOTAL_TRAIN = 60_000  # the lognormal sizes are normalized to this total
-DITTO_SPLIT = (0.72, 0.08, 0.20)  # train / validation / test of each device (thesis App. 5.7.4)
+DITTO_SPLIT = (0.72, 0.08, 0.20)  # train / validation / test of each device (Li 2023, Appendix 5.7.4)
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -143,14 +155,14 @@ def _idx_dataset(
 
 
 # ---------------------------------------------------------------------------
-# Fashion-MNIST as Ditto's experiments partition it (thesis chapter 5).
+# Fashion-MNIST as Ditto's experiments partition it (Li 2023, Chapter 5).
 
 
 def ditto_allocation(num_clients: int = DITTO_NUM_CLIENTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The classes and per-class example counts of Ditto's Fashion-MNIST devices.
 
     The draws of the authors' `data/fmnist/create_dataset.py` (litian96/ditto;
-    thesis-spec 8.3), in their order, from NumPy's legacy generator seeded
+    Li 2023, Table 5.4), in their order, from NumPy's legacy generator seeded
     233 (their `np.random.seed(233)`):
 
     1. sizes `n = lognormal(3, 1, N) + 10`, scaled to sum to 60,000;
@@ -163,7 +175,7 @@ def ditto_allocation(num_clients: int = DITTO_NUM_CLIENTS) -> tuple[np.ndarray, 
     NumPy's pairwise: the truncations `int(...)` see the same floats).
 
     Args:
-      num_clients: N devices (the thesis: 500).
+      num_clients: N devices (Li 2023: 500).
 
     Returns:
       `classes [N, 5]` int64, `train_counts [N, 5]` and `test_counts [N, 5]`
@@ -305,7 +317,7 @@ def _ditto_dataset(
 def ditto_summary(num_clients: int, seed: int) -> str:
     """One line saying how the 'ditto' partition's devices were made."""
     return (
-        f"Ditto's partition (thesis Table 5.4, litian96/ditto create_dataset.py): {num_clients} devices of "
+        f"Ditto's partition (Li 2023, Table 5.4; litian96/ditto create_dataset.py): {num_clients} devices of "
         f"5 classes (k+j) mod 10, lognormal sizes and class proportions (seed {DITTO_SEED}), inputs "
         f"z-scored per pixel; each device's examples split 72/8/20 train/validation/test (seed {seed}); "
         "test and validation client k are training client k"
@@ -331,10 +343,10 @@ def fashion_mnist(
 
     60,000 training and 10,000 test 28x28 grey images of 10 kinds of
     clothing, 6,000 / 1,000 per class; the dataset of Ditto's experiments
-    (thesis chapter 5). Read from the IDX files in `data_dir`, or in Debian's
+    (Li 2023, Chapter 5). Read from the IDX files in `data_dir`, or in Debian's
     location (`/usr/share/datasets/fashion-mnist`) without one.
 
-    `partition='ditto'` is the partition of Ditto's experiments (thesis
+    `partition='ditto'` is the partition of Ditto's experiments (Li 2023,
     Table 5.4; the authors' litian96/ditto `data/fmnist/create_dataset.py`,
     `ditto_allocation`): inputs z-scored per pixel with the training split's
     mean and standard deviation (+ 0.001; not scaled to [0, 1]); N = 500
@@ -345,7 +357,7 @@ def fashion_mnist(
     starting again at the first when a class runs out (so some examples
     belong to two devices). The script gives device k about n_k training
     and n_k / 6 test examples; the thesis splits each device's data 72/8/20
-    train / validation / test (App. 5.7.4), which those counts do not give
+    train / validation / test (Appendix 5.7.4), which those counts do not give
     (they make 86/14). Here each device's training and test examples are
     pooled, shuffled (`seed`) and split 72/8/20 (`ditto_split_sizes`):
     training client k, validation client k and test client k are device k
@@ -507,7 +519,7 @@ def cifar100(
     With TFF's files in `data_dir` (`fed_cifar100_{train,test}.h5` or
     `cifar100.sqlite[.lzma]`), the clients are TFF's: 500 training and 100
     test clients of 100 images each, made by a two-level Pachinko allocation
-    (coarse labels ~ Dir(0.1), fine ~ Dir(10); data-sources.md 2(a)); the
+    (coarse labels ~ Dir(0.1), fine ~ Dir(10); Reddi et al. 2021); the
     partition options are then ignored. With `cifar-100-python[.tar.gz]`,
     the 50,000 / 10,000 images are dealt by the partitioner (options of
     `fashion_mnist`).

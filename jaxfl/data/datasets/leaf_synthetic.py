@@ -4,7 +4,7 @@ FedProx (`litian96/FedProx : data/synthetic_*`) writes each setting's users to
 `data/train/mytrain.json` and `data/test/mytest.json` (90/10 per user; users
 `f_00000`, ...), LEAF's Synthetic (`TalwalkarLab/leaf : data/synthetic`) to
 `data/{train,test}/*.json` (users "0", "1", ...): `x` lists of floats, `y`
-integer classes (data-sources.md 2(c), 3.1, 3.2). The published files were
+integer classes. The published files were
 drawn without a seed, so they differ from `jaxfl.data.synthetic`'s seeded
 generator in their bits though not in their law; reading them reproduces a
 paper's exact data. Test clients are the users' own held-out examples.

@@ -1,6 +1,6 @@
 """StackOverflow next-word and tag prediction, one client per user (TFF's federated StackOverflow).
 
-Files recognized in `--data-dir` (data-sources.md 2(a), 2(a'), 2(b)):
+Files recognized in `--data-dir` (readers in `jaxfl.data.formats`):
 
 * TFF HDF5: `stackoverflow_{train,held_out,test}.h5`;
 * TFF SQLite: `stackoverflow.sqlite[.lzma]` (splits `train`, `heldout`, `test`);

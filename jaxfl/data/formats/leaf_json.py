@@ -1,4 +1,4 @@
-"""LEAF's JSON directories (LEAF, FedProx, simplicial-fl/Delta-FL; data-sources.md 2(c)).
+"""LEAF's JSON directories (LEAF, FedProx, simplicial-fl/Delta-FL).
 
 Every file of a LEAF directory is one JSON object (TalwalkarLab/leaf
 `data/femnist/preprocess/data_to_json.py`, `data/utils/split_data.py`,
@@ -51,7 +51,7 @@ def _has_json(directory: Path) -> bool:
 def find_leaf_splits(root: str | os.PathLike[str]) -> dict[str, Path]:
     """Finds the LEAF split directories under `root`.
 
-    Recognized (data-sources.md 2(c); TalwalkarLab/leaf `data/utils/split_data.py`):
+    Recognized (TalwalkarLab/leaf `data/utils/split_data.py`):
     `root/train` + `root/test`, `root/data/train` + `root/data/test` (also
     FedProx's `train/mytrain.json` + `test/mytest.json`), an unsplit
     `all_data` directory (`root/all_data`, `root/data/all_data`), and `root`
@@ -148,9 +148,9 @@ def iter_leaf_users(directory: str | os.PathLike[str]) -> Iterator[tuple[str, di
     """Yields (user, {"x": [...], "y": [...]}, hierarchy or None) for every user of a LEAF directory.
 
     Files are read one at a time in sorted name order, users in each file's
-    `users` order. The format is described in data-sources.md 2(c) and this
-    module's docstring; it was checked against TalwalkarLab/leaf
-    `data/utils/split_data.py` and `models/utils/model_utils.py` @ 09ec454a.
+    `users` order. The format is described in this module's docstring; it
+    was checked against TalwalkarLab/leaf `data/utils/split_data.py` and
+    `models/utils/model_utils.py` @ 09ec454a.
 
     Args:
       directory: a directory of LEAF `*.json` files (e.g. `data/train`).

@@ -1,6 +1,6 @@
 """Decode serialized `tf.train.Example` protos without TensorFlow or protobuf.
 
-TFF's SQLite files (data-sources.md 2(a')) and TFDS shards store one
+TFF's SQLite files (`jaxfl.data.formats.tff_sqlite`) and TFDS shards store one
 `tf.train.Example` per record. Its schema (tensorflow/core/example/example.proto
 and feature.proto) is small enough to decode with a hand-written reader of the
 protobuf wire format:
@@ -221,10 +221,10 @@ def _parse(buf: bytes) -> dict[str, Feature]:
 def parse_example(blob: bytes, *, where: str = "tf.train.Example") -> dict[str, Feature]:
     """Decodes one serialized `tf.train.Example`.
 
-    The format is described in data-sources.md 2(a') and in this module's
-    docstring; it was checked against tensorflow/core/example/{example,feature}.proto
-    and against the blobs TFF's `sql_client_data.py`
-    (google-parfait/tensorflow-federated) reads.
+    The format is described in this module's docstring; it was checked
+    against tensorflow/core/example/{example,feature}.proto and against the
+    blobs TFF's `sql_client_data.py` (google-parfait/tensorflow-federated)
+    reads.
 
     Args:
       blob: the serialized proto.

@@ -1,4 +1,4 @@
-"""TensorFlow Federated's legacy HDF5 files (TFF up to early 2021; data-sources.md 2(a)).
+"""TensorFlow Federated's legacy HDF5 files (TFF up to early 2021).
 
 The archives `fed_emnist[_digitsonly].tar.bz2`, `shakespeare.tar.bz2`,
 `stackoverflow.tar.bz2` and `fed_cifar100.tar.bz2` hold `<name>_{train,test}.h5`
@@ -45,9 +45,9 @@ def _bytes_array(values: np.ndarray) -> np.ndarray:
 class TffHdf5:
     """One TFF HDF5 file (e.g. `fed_emnist_train.h5`), read client by client.
 
-    The format is described in data-sources.md 2(a) and in this module's
-    docstring; it was checked against TFF's `hdf5_client_data.py` and
-    `hdf5_client_data_test.py` (google-parfait/tensorflow-federated @ 0f1518319f23).
+    The format is described in this module's docstring; it was checked
+    against TFF's `hdf5_client_data.py` and `hdf5_client_data_test.py`
+    (google-parfait/tensorflow-federated @ 0f1518319f23).
 
     Use as a context manager, or call `close()`.
 

@@ -1,4 +1,4 @@
-"""TensorFlow Federated's SQLite format (TFF since 2021; data-sources.md 2(a')).
+"""TensorFlow Federated's SQLite format (TFF since 2021).
 
 TFF hosts `emnist_all`, `shakespeare`, `stackoverflow` and `cifar100` as
 `<name>.sqlite.lzma` and decompresses them once into `~/.tff/<name>.sqlite`
@@ -107,9 +107,8 @@ def decompress_lzma(
 class TffSqlite:
     """A TFF SQLite file (`emnist_all.sqlite`, `stackoverflow.sqlite`, ...), read client by client.
 
-    The format is described in data-sources.md 2(a') and in this module's
-    docstring; it was checked against
-    google-parfait/tensorflow-federated
+    The format is described in this module's docstring; it was checked
+    against google-parfait/tensorflow-federated
     `tensorflow_federated/python/simulation/datasets/sql_client_data.py`.
 
     Use as a context manager, or call `close()`.
