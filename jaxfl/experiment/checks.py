@@ -19,18 +19,20 @@ state or round is allocated:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 
 import jax
 import numpy as np
 
-from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS
+from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS, algorithm_spec
 from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, unused_partition_options
 from jaxfl.data.memory import available_memory, check_memory
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import dataset_options as _dataset_options
 from jaxfl.experiment.config import ConfigError, RunConfig, check_settings, implied_setting, warn
+from jaxfl.experiment.hparams import algorithm_hparams
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
@@ -333,12 +335,6 @@ def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warn
     Raises:
       ConfigError: the first refused point, named by its values.
     """
-    import dataclasses
-    import itertools
-
-    from jaxfl.algorithms.registry import algorithm_spec
-    from jaxfl.experiment.runner import algorithm_hparams
-
     for setting in grid:
         value = getattr(config, setting)
         if value != implied_setting(config, setting):

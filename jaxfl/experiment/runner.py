@@ -56,6 +56,8 @@ from jaxfl.evaluation.per_client import (
 from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
+# The settings of a built algorithm; also imported from here.
+from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
 from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
@@ -147,36 +149,6 @@ def choose_local_loop(text: str) -> str:
     if backend == "gpu":
         return "fused"
     return "scan" if backend == "tpu" else "while"
-
-
-def local_hparams(config: RunConfig) -> dict[str, float]:
-    return {
-        "lr": config.lr,
-        "lr_decay": config.lr_decay,
-        "lr_decay_period": float(config.lr_decay_period),
-        "l2": config.l2,
-    }
-
-
-def algorithm_options(config: RunConfig, name: str) -> dict[str, Any]:
-    """The static options of algorithm `name`, read from the run's settings."""
-    return {option: getattr(config, option) for option in algorithm_spec(name).options}
-
-
-def algorithm_hparams(
-    config: RunConfig, name: str, algorithm: FederatedAlgorithm
-) -> dict[str, float]:
-    """The initial `state.hparams` of a built algorithm, from the run's settings.
-
-    The local ones, and those of its registry entry that it takes; a setting
-    left unset (None, e.g. q) keeps the algorithm's own default.
-    """
-    values = {**local_hparams(config)}
-    for field in hparam_fields(name, algorithm):
-        value = getattr(config, field)
-        if value is not None and field not in values:
-            values[field] = float(value)
-    return values
 
 
 def run_server_optimizer(config: RunConfig):

@@ -19,60 +19,18 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+# Model, default_conv and CONV_IMPLEMENTATIONS are also imported from here.
+from jaxfl.models.base import CONV_IMPLEMENTATIONS, Model, as_model, default_conv  # noqa: F401
 from jaxfl.models.convolution import same_conv2d
-from jaxfl.types import Key, Params
-
-CONV_IMPLEMENTATIONS = ("lax", "canonical", "patches")
-
-
-def default_conv(backend: str) -> str:
-    """The ConvNet's convolution per backend, from measurements.
-
-    CPU: 'canonical', since XLA:CPU runs the gradient convolutions of 'lax'
-    as a naive loop nest inside the local-training loop (measured:
-    benchmarks/RESULTS.md, section
-    "The ConvNet on CPU: a layout bug in autodiff, found and fixed");
-    GPU/TPU: 'lax', the fastest measured on a GPU, where 'patches' was
-    slower (docs/strategies.md, section "The measurements behind them").
-    """
-    return "canonical" if backend == "cpu" else "lax"
-
-
-class Model(NamedTuple):
-    """A model as two pure functions.
-
-    Attributes:
-      init: `key -> params`, a nested dict of arrays.
-      apply: `(params, x [B, *input_shape], key=None) -> logits`: `[B, C]`
-        for one label per example, `[B, 1]` for a binary label, `[B, L, V]`
-        for token sequences. With a `key` (training) the model draws its
-        dropout masks and data augmentation from it; `key=None` is the
-        deterministic evaluation pass.
-      name: the registry name, for logs.
-      flops_per_example: forward-pass FLOPs (multiply-adds count 2) of one
-        example, for throughput figures; training costs about 3x this.
-      stochastic: whether `apply` uses its key (dropout, augmentation).
-      dense_layers: for a stack of dense layers with ReLU between them, read
-        from features flattened to `[B, -1]` (the linear model and the MLP
-        on real-valued inputs), the paths in `params` of its layers' dicts
-        (`kernel` `[in, out]`, `bias` `[out]`), first to last; empty for
-        other models. Local training of such a stack can run as one fused
-        kernel (`jaxfl.training.fused`).
-    """
-
-    init: Callable[[Key], Params]
-    apply: Callable[..., jax.Array]
-    name: str
-    flops_per_example: int
-    stochastic: bool = False
-    dense_layers: tuple[tuple[str | int, ...], ...] = ()
+from jaxfl.models.sequence import SEQUENCE_MODELS
+from jaxfl.models.vision import VISION_MODELS
+from jaxfl.types import Params
 
 
 def _first_layer(layer: nnx.Linear, x: jax.Array, vocab_size: int | None) -> jax.Array:
@@ -337,45 +295,6 @@ def _conv_as_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Arr
     return patches @ matrix + bias.reshape(1, 1, 1, out_channels)
 
 
-def as_model(
-    build: Callable[[nnx.Rngs], nnx.Module],
-    name: str,
-    flops: int,
-    *,
-    stochastic: bool = False,
-    dense_layers: tuple[tuple[str | int, ...], ...] = (),
-) -> Model:
-    """Splits an NNX module into pure `init` and `apply` functions.
-
-    The parameters are the module's `nnx.Param`s; any other state (e.g. a
-    frozen embedding table held as a non-`Param` variable) is rebuilt from
-    `build` and closed over as a constant, so training never updates it.
-    A `stochastic` module's `__call__(x, key=None)` takes the key.
-    """
-    # Shapes only (an eager build compiles every initializer: 1-3 s for the
-    # large models); modules with non-parameter state are built for real.
-    graphdef, _, rest = nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))), nnx.Param, ...)
-    if jax.tree.leaves(rest):
-        graphdef, _, rest = nnx.split(build(nnx.Rngs(0)), nnx.Param, ...)
-
-    def init(key: Key) -> Params:
-        module = build(nnx.Rngs(params=key))
-        return nnx.to_pure_dict(nnx.split(module, nnx.Param, ...)[1])
-
-    def apply(params: Params, x: jax.Array, key: Key | None = None) -> jax.Array:
-        module = nnx.merge(graphdef, params, rest)
-        return module(x, key=key) if stochastic else module(x)
-
-    return Model(
-        init=init,
-        apply=apply,
-        name=name,
-        flops_per_example=flops,
-        stochastic=stochastic,
-        dense_layers=dense_layers,
-    )
-
-
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """Reads flat square images (e.g. 784 = 28x28) or explicit HxWxC shapes."""
     if len(input_shape) == 3:
@@ -391,9 +310,6 @@ def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def model_names() -> tuple[str, ...]:
-    from jaxfl.models.sequence import SEQUENCE_MODELS
-    from jaxfl.models.vision import VISION_MODELS
-
     return ("linear", "mlp", "convnet", "embedding-bag", "bag-logistic", *VISION_MODELS, *SEQUENCE_MODELS)
 
 
@@ -439,9 +355,6 @@ def make_model(
       ValueError: unknown name, a convnet on non-image features or on
         tokens, or an embedding-bag on real-valued features.
     """
-    from jaxfl.models.sequence import SEQUENCE_MODELS
-    from jaxfl.models.vision import VISION_MODELS
-
     if name in VISION_MODELS:
         return VISION_MODELS[name](input_shape, num_classes, input_vocab_size=input_vocab_size, conv=conv)
     if name in SEQUENCE_MODELS:

@@ -3,7 +3,7 @@ next-character classifier, a causal transformer, and Sent140's classifiers on
 a frozen GloVe table.
 
 Every model is a flax NNX module whose trainable weights are `nnx.Param`s,
-turned into a pure `Model(init, apply)` by `jaxfl.models.networks.as_model`.
+turned into a pure `Model(init, apply)` by `jaxfl.models.base.as_model`.
 Recurrences are written by hand as one `jax.lax.scan` over time (not
 `nnx.RNN`/`nnx.scan`), so `apply` stays a pure function of `(params, x)`
 that can be `vmap`ped over clients and `scan`ned over local steps.
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxfl.models.networks import Model, as_model
+from jaxfl.models.base import Model, as_model
 
 __all__ = [
     "GRU",

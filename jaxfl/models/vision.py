@@ -29,21 +29,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-# The module, not its names: `networks` may import this module while it is
-# itself being imported (its `make_model` dispatches here).
-from jaxfl.models import networks as _networks
+from jaxfl.models.base import Model, as_model, default_conv
 from jaxfl.models.convolution import same_conv2d
 from jaxfl.types import Key
-
-if TYPE_CHECKING:
-    from jaxfl.models.networks import Model
 
 _NHWC = ("NHWC", "HWIO", "NHWC")
 CONV_CHOICES = ("auto", "lax", "canonical")
@@ -177,7 +171,7 @@ def _check_common(name: str, image_shape: tuple[int, int, int], num_classes: int
 def _conv_impl(name: str, conv: str) -> str:
     if conv not in CONV_CHOICES:
         raise ValueError(f"{name}: conv must be one of {CONV_CHOICES}, got {conv!r}")
-    return _networks.default_conv(jax.default_backend()) if conv == "auto" else conv
+    return default_conv(jax.default_backend()) if conv == "auto" else conv
 
 
 # ---------------------------------------------------------------------------
@@ -259,7 +253,7 @@ def build_emnist_cr_cnn(
         + 2 * pooled * 128
         + 2 * 128 * num_classes
     )
-    return _networks.as_model(
+    return as_model(
         lambda rngs: EmnistCrCnn(image_shape, num_classes, rates=rates, conv=impl, rngs=rngs),
         name,
         flops,
@@ -387,7 +381,7 @@ def build_leaf_cnn(
     image_shape = _image_shape(name, input_shape, input_vocab_size)
     _check_common(name, image_shape, num_classes, 4)
     impl = _conv_impl(name, conv)
-    return _networks.as_model(
+    return as_model(
         lambda rngs: TwoConvNet(
             image_shape, num_classes, padding="SAME", hidden=(2048,), init="glorot", conv=impl, rngs=rngs
         ),
@@ -431,7 +425,7 @@ def build_deltafl_convnet(
     pad = str(padding).upper()
     _check_common(name, image_shape, num_classes, 16 if pad == "VALID" else 4)
     impl = _conv_impl(name, conv)
-    return _networks.as_model(
+    return as_model(
         lambda rngs: TwoConvNet(
             image_shape, num_classes, padding=pad, hidden=(), init="torch", conv=impl, rngs=rngs
         ),
@@ -666,7 +660,7 @@ def build_resnet18_gn(
         raise ValueError(f"{name}: width {width} must be a positive multiple of groups {groups}")
     impl = _conv_impl(name, conv)
     size = (height, width_px) if crop_size is None else (crop_size, crop_size)
-    return _networks.as_model(
+    return as_model(
         lambda rngs: ResNet18GN(
             image_shape,
             num_classes,

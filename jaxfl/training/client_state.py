@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfl.training.host_cohorts import sampled_cohorts
 from jaxfl.types import Key, PyTree
 
 
@@ -116,9 +117,6 @@ class HostClientState:
 
     @functools.cached_property
     def _sample(self):
-        # Imported here: the round's modules import this one for `GatheredClientRows`.
-        from jaxfl.training.host_cohorts import sampled_cohorts
-
         return lambda start: sampled_cohorts(
             self.run_key,
             first_round=jnp.asarray(start, jnp.int32),

@@ -29,32 +29,14 @@ from jaxfl.training.local import (
     local_sgd,
     minibatch_rows,
 )
-from jaxfl.training.sampling import sample_without_replacement
+# CohortKeys and round_keys are also imported from here.
+from jaxfl.training.sampling import CohortKeys, round_keys, sample_without_replacement  # noqa: F401
 from jaxfl.training.strategies import ClientStrategy, map_clients
 from jaxfl.types import Key, Params
 
 # local_step(hparams, step_hparams[, the client's row of per-client state]) -> a `local_sgd` step
 # (`jaxfl.training.local.LocalStep`).
 StepFactory = Callable[..., LocalStep]
-
-
-class CohortKeys(NamedTuple):
-    """The keys of one round, all derived from the run key and the round.
-
-    `round_key = fold_in(run_key, round)`; sampling uses one half of
-    `split(round_key)` and client i uses `fold_in(other half, i)`, so a
-    client's randomness does not depend on which other clients were sampled.
-    """
-
-    sampling: Key
-    clients: Key
-    server: Key
-
-
-def round_keys(run_key: Key, round_index: jax.Array) -> CohortKeys:
-    round_key = jax.random.fold_in(run_key, round_index)
-    sampling, clients, server = jax.random.split(round_key, 3)
-    return CohortKeys(sampling, clients, server)
 
 
 class CohortResults(NamedTuple):

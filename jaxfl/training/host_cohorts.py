@@ -22,8 +22,7 @@ import numpy as np
 
 from jaxfl.data.host import HostPopulation, to_cohort
 from jaxfl.data.population import GatheredCohort
-from jaxfl.training.cohort import round_keys
-from jaxfl.training.sampling import sample_without_replacement
+from jaxfl.training.sampling import round_keys, sample_without_replacement
 from jaxfl.types import Key
 
 

@@ -1,9 +1,31 @@
-"""Cohort sampling: which clients take part in a round."""
+"""Cohort sampling: the keys of a round, and which clients take part in it."""
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxfl.types import Key
+
+
+class CohortKeys(NamedTuple):
+    """The keys of one round, all derived from the run key and the round.
+
+    `round_key = fold_in(run_key, round)`; sampling uses one half of
+    `split(round_key)` and client i uses `fold_in(other half, i)`, so a
+    client's randomness does not depend on which other clients were sampled.
+    """
+
+    sampling: Key
+    clients: Key
+    server: Key
+
+
+def round_keys(run_key: Key, round_index: jax.Array) -> CohortKeys:
+    round_key = jax.random.fold_in(run_key, round_index)
+    sampling, clients, server = jax.random.split(round_key, 3)
+    return CohortKeys(sampling, clients, server)
+
 
 # Up to this many draws, repeated draws are found by comparing all pairs (one
 # fused [M, M] comparison); above it, by one stable sort of the draws.
