@@ -101,14 +101,23 @@ References:
 from __future__ import annotations
 
 import functools
+import importlib
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import dp_accounting
-from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
-from dp_accounting.rdp import rdp_privacy_accountant
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
 
-ADJACENCY = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+def _dp_accounting():
+    """dp-accounting, imported on first use: importing it (and the SciPy it
+    loads) is about half of a command's start-up, which runs without DP
+    should not pay."""
+    for module in ("dp_accounting.rdp.rdp_privacy_accountant", "dp_accounting.mechanism_calibration"):
+        importlib.import_module(module)
+    return importlib.import_module("dp_accounting")
+
 ACCOUNTANT_NAME = (
     "dp_accounting.rdp.RdpAccountant (Renyi DP, default orders, "
     "NeighboringRelation.REPLACE_ONE; sampling without replacement by "
@@ -213,6 +222,7 @@ def round_event(
       `SampledWithoutReplacementDpEvent(n, m, Gaussian(z)
       [+ Gaussian(1 / eps_q)])`.
     """
+    dp_accounting = _dp_accounting()
     sampling = check_sampling(sampling)
     mechanism = dp_accounting.GaussianDpEvent(
         _check_positive(noise_multiplier, "noise_multiplier")
@@ -236,7 +246,7 @@ def unamplified_round_event(
     rho = gaussian_rho(noise_multiplier)
     if quantile_epsilon is not None:
         rho += _check_positive(quantile_epsilon, "quantile_epsilon") ** 2 / 2.0
-    return dp_accounting.ZCDpEvent(rho)
+    return _dp_accounting().ZCDpEvent(rho)
 
 
 def training_event(
@@ -254,12 +264,15 @@ def training_event(
         if amplified
         else unamplified_round_event(noise_multiplier, quantile_epsilon)
     )
-    return dp_accounting.SelfComposedDpEvent(event, rounds)
+    return _dp_accounting().SelfComposedDpEvent(event, rounds)
 
 
 def make_accountant() -> rdp_privacy_accountant.RdpAccountant:
     """A fresh RDP accountant with the replace-one-client adjacency."""
-    return rdp_privacy_accountant.RdpAccountant(neighboring_relation=ADJACENCY)
+    dp_accounting = _dp_accounting()
+    return dp_accounting.rdp.rdp_privacy_accountant.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+    )
 
 
 # Cached: a sweep reports every point (both trust models), and points share
@@ -382,6 +395,7 @@ def noise_multiplier_for(
         _check_reachable(target_epsilon, delta, rounds, event, _SMALLEST_NOISE_MULTIPLIER)
     if quantile_ratio is not None and quantile_ratio > _FAR_QUANTILE_RATIO:
         _check_reachable(target_epsilon, delta, rounds, event, _LARGEST_NOISE_MULTIPLIER, quantile_ratio)
+    dp_accounting = _dp_accounting()
     try:
         return float(
             dp_accounting.calibrate_dp_mechanism(
@@ -395,7 +409,7 @@ def noise_multiplier_for(
                 tol=tolerance,
             )
         )
-    except (ArithmeticError, ValueError, NoBracketIntervalFoundError):
+    except (ArithmeticError, ValueError, dp_accounting.mechanism_calibration.NoBracketIntervalFoundError):
         # Outside what the accountant can calibrate: say which end.
         _check_reachable(target_epsilon, delta, rounds, event, _SMALLEST_NOISE_MULTIPLIER)
         _check_reachable(target_epsilon, delta, rounds, event, math.inf, quantile_ratio)

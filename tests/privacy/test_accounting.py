@@ -149,3 +149,15 @@ def test_calibration_with_a_quantile_share():
 def test_a_fixed_quantile_that_alone_overspends_is_refused():
     with pytest.raises(ValueError, match="quantile alone"):
         noise_multiplier_for(1.0, 1 / 200, 50, SMALL, quantile_epsilon=5.0)
+
+
+def test_runs_without_dp_do_not_import_the_accountant():
+    # dp-accounting (and the SciPy it loads) is about half of a command's start-up.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jaxfl.experiment.main, jaxfl.algorithms, jaxfl.privacy; "
+        "sys.exit('dp_accounting' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
