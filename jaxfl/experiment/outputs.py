@@ -140,10 +140,18 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
 
     An algorithm with personal models gets a second row, `NAME (personal)`:
     the clients' errors under their own models (on their own test data when
-    the dataset has it, else on their training data, labelled so).
+    the dataset has it, else on their training data, labelled so). A
+    diverged algorithm's row is `NAME (diverged)`, its values NaN.
     """
     rows = []
     for name, summary in summaries.items():
+        if summary.get("status") == "diverged":
+            # Its last evaluation, if any, was of parameters before the divergence: not a result.
+            row = {"algorithm": f"{name} (diverged)"}
+            row.update({f"test_error_{label}": float("nan") for _, label in TABLE_COLUMNS})
+            row["train_loss_mean"] = float("nan")
+            rows.append(row)
+            continue
         row = {"algorithm": name}
         for key, label in TABLE_COLUMNS:
             row[f"test_error_{label}"] = 100.0 * summary["test_error"][key]

@@ -15,7 +15,7 @@ from jaxfl.evaluation.summaries import summarize, within_range
 from jaxfl.experiment import health
 from jaxfl.experiment.health import EXIT_DIVERGED, check_round, divergence, host_health, initial_health
 from jaxfl.experiment.main import warn_empty_rounds
-from jaxfl.experiment.outputs import json_safe, write_json
+from jaxfl.experiment.outputs import TABLE_COLUMNS, json_safe, write_comparison, write_json
 from jaxfl.experiment.run_directory import MARKER
 
 TINY = [
@@ -91,6 +91,24 @@ def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, capsys):
         json.loads((out / name).read_text(), parse_constant=_no_constants)
     assert not (out / "model").exists()  # A diverged model is not an output.
     assert json.loads((out / MARKER).read_text())["status"] == "diverged"
+
+
+def test_a_comparison_lists_a_diverged_algorithm_without_numbers(tmp_path):
+    # A diverged algorithm's summary has no evaluation (it diverged before its first one) or one of
+    # parameters from before the divergence; neither is a result to compare.
+    finished = {
+        "status": "finished",
+        "test_error": {key: 0.25 for key, _ in TABLE_COLUMNS},
+        "train_loss": {"mean": 0.5},
+    }
+    stale = {**finished, "status": "diverged"}
+    write_comparison(tmp_path, {"fedavg": finished, "term": {"status": "diverged"}, "deltafl": stale})
+    lines = (tmp_path / "comparison.csv").read_text().splitlines()
+    assert lines[1].startswith("fedavg,25.0")
+    for line, name in zip(lines[2:], ("term", "deltafl"), strict=True):
+        cells = line.split(",")
+        assert cells[0] == f"{name} (diverged)" and all(cell == "nan" for cell in cells[1:])
+    assert "| term (diverged) | nan |" in (tmp_path / "comparison.md").read_text()
 
 
 def _no_constants(name):
