@@ -61,15 +61,16 @@ def search_directories(data_dir: Path | None, *defaults: str | os.PathLike) -> l
     return [Path(d).expanduser() for d in defaults if Path(d).expanduser().is_dir()]
 
 
-def missing(dataset: str, looked_for: str, places: Sequence[Path] | str) -> MissingDataError:
-    """The one-line error of a dataset whose files are absent."""
+def missing(
+    dataset: str, looked_for: str, places: Sequence[Path] | str, how: str | None = None
+) -> MissingDataError:
+    """The one-line error of a dataset whose files are absent; `how` says how to get them."""
     if isinstance(places, str):
         where = places
     else:
         where = ", ".join(str(p) for p in places) if places else "(no directory given: pass --data-dir)"
-    return MissingDataError(
-        f"dataset {dataset!r}: no {looked_for} found in {where}; see docs/datasets.md for how to get them"
-    )
+    how = how or "see docs/datasets.md for how to get them"
+    return MissingDataError(f"dataset {dataset!r}: no {looked_for} found in {where}; {how}")
 
 
 def load_cached(

@@ -425,3 +425,16 @@ def test_cache_converts_once_per_files_and_options(tmp_path, monkeypatch):
     load_dataset("mnist", data_dir=tmp_path, num_clients=5, num_test_clients=2)
     assert len(calls) == 4 and len(entries("mnist")) == 1
     assert_no_staging()
+
+
+def test_missing_fashion_mnist_says_how_to_install_it(tmp_path, monkeypatch):
+    images = images_module
+    empty = tmp_path / "fashion-mnist"
+    empty.mkdir()
+    monkeypatch.setattr(images, "DEBIAN_FASHION_MNIST", str(empty))
+    with pytest.raises(MissingDataError, match="apt-get install dataset-fashion-mnist, or --data-dir"):
+        images._find_idx("fashion-mnist", None, [str(empty)])
+    # A directory of the user's own: where to read about the files, not a package to install.
+    with pytest.raises(MissingDataError, match="see docs/datasets.md") as excinfo:
+        images._find_idx("fashion-mnist", empty, [str(empty)])
+    assert "apt-get" not in str(excinfo.value)
