@@ -35,6 +35,7 @@ from jaxfl.experiment.outputs import (
     write_json,
     write_jsonl,
 )
+from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.run_directory import OutputDirectory
 from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, saved_personal_models, setup
 from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
@@ -149,6 +150,7 @@ def run_main(config: RunConfig, *, resume: bool = False) -> int:
         output = OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume)
     run_setup = setup(config)
     names = config.algorithms
+    print(run_header(run_setup, config), flush=True)
     staging = None
     if output is not None:
         staging = output.start(resume=resume, rounds=config.rounds, config=config.to_dict())
@@ -250,15 +252,31 @@ def _interrupted(output, config: RunConfig, name: str | None, stop: RunInterrupt
     return 128 + stop.signal_number
 
 
-def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) -> None:
+def run_header(run_setup, config: RunConfig) -> str:
+    """What is about to run, printed before it runs: data, layout, algorithms, attack and aggregator."""
     dataset = run_setup.dataset
-    print(
+    lines = [
         f"{config.dataset}: {dataset.train.num_clients} training / "
         f"{dataset.test.num_clients} test clients, {config.rounds} rounds, "
         f"{config.clients_per_round} clients per round, strategy "
-        f"{run_setup.engine.strategy.describe()}"
-    )
-    print(placement_line(run_setup))
+        f"{run_setup.engine.strategy.describe()}",
+        placement_line(run_setup),
+    ]
+    robustness = []
+    attack = attack_record(config, run_setup.corrupted)
+    if attack is not None:
+        data = f" and {attack['attack_data']} data" if attack["attack_data"] else ""
+        robustness.append(
+            f"attack {attack['attack']}{data} by {attack['corrupted_clients']} corrupted clients; "
+            "summaries over the benign ones"
+        )
+    if config.aggregator != "mean":
+        robustness.append(f"aggregator {config.aggregator}")
+    lines.append(f"running {', '.join(config.algorithms)}" + (f": {'; '.join(robustness)}" if robustness else ""))
+    return "\n".join(lines)
+
+
+def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) -> None:
     finished = {name: r.summary for name, r in results.items() if not r.diverged}
     if finished:
         print(format_table(finished))

@@ -177,3 +177,23 @@ def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     errors = np.array([float(r["error"]) for r in rows])
     assert attacked.sum() == 10
     np.testing.assert_allclose(summary["test_error"]["mean"], errors[~attacked].mean(), rtol=1e-5)
+
+
+def test_the_header_says_what_will_run_before_it_runs(tmp_path, capsys, monkeypatch):
+    from jaxfl.experiment import main as experiment_main
+
+    def training_fails(*args, **kwargs):
+        raise RuntimeError("stopped before training")
+
+    monkeypatch.setattr(experiment_main, "run_algorithm", training_fails)
+    argv = ["run", *TINY, "--attack", "gaussian", "--attack-fraction", "0.25", "--aggregator", "median",
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    with pytest.raises(RuntimeError, match="stopped before training"):
+        main(argv)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("label-shift: 40 training / 20 test clients, 3 rounds, 8 clients per round")
+    assert lines[1].startswith("training clients: device-resident")
+    assert lines[2] == (
+        "running fedavg, deltafl: attack gaussian by 10 corrupted clients; summaries over the benign ones; "
+        "aggregator median"
+    )
