@@ -276,6 +276,14 @@ def run_header(run_setup, config: RunConfig) -> str:
     return "\n".join(lines)
 
 
+def timing_text(timing: dict[str, Any]) -> str:
+    """Compilation, training and evaluation apart: the first call compiles and runs its rounds too."""
+    rounds = int(timing.get("rounds_per_call") or 1)
+    first = f"first call {timing.get('compile_s', 0.0):.1f} s (compiling, and {rounds} round{'s' * (rounds > 1)})"
+    training = timing.get("train_s", 0.0) - timing.get("compile_s", 0.0)
+    return f"{first}, later rounds {training:.1f} s, evaluation {timing.get('evaluation_s', 0.0):.1f} s"
+
+
 def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) -> None:
     finished = {name: r.summary for name, r in results.items() if not r.diverged}
     if finished:
@@ -286,7 +294,7 @@ def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) 
             continue
         speed = result.timing.get("rounds_per_s")
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
-        print(f"{name}: {speed_text} after {result.timing.get('compile_s', 0.0):.1f} s of compilation")
+        print(f"{name}: {speed_text}; {timing_text(result.timing)}")
     for name, result in results.items():
         if "privacy" in result.summary:
             print(format_privacy(name, result.summary["privacy"]))

@@ -203,3 +203,13 @@ def test_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "label-shift" in out and "fedavg" in out
+
+
+def test_the_timing_line_keeps_compilation_training_and_evaluation_apart():
+    from jaxfl.experiment.main import timing_text
+
+    timing = {"compile_s": 2.04, "train_s": 2.54, "evaluation_s": 1.25, "rounds_per_call": 10}
+    assert timing_text(timing) == (
+        "first call 2.0 s (compiling, and 10 rounds), later rounds 0.5 s, evaluation 1.2 s"
+    )
+    assert "(compiling, and 1 round)" in timing_text({**timing, "rounds_per_call": 1})
