@@ -418,15 +418,11 @@ def build(args):
     return dataset, population, model, engine, algorithm, hparams
 
 
-def _time_rounds(
-    round_fn, state, population, keys, rounds, repeats, sync=False, rounds_per_call=1, inspect=None
-):
-    """(compile seconds: trace, lower and compile; best seconds per round).
+def _time_rounds(round_fn, state, population, keys, rounds, repeats, sync=False, rounds_per_call=1):
+    """(compile seconds: trace, lower and compile; best seconds per round; the compiled
+    function; the last state).
 
-    `round_fn` runs `rounds_per_call` rounds per call. `inspect(compiled,
-    state)`, if given, runs after the timing with the compiled function and
-    the last state (`round_profile.py` records a profile there), and its
-    dict is returned third.
+    `round_fn` runs `rounds_per_call` rounds per call.
     """
     start = time.perf_counter()
     round_fn = round_fn.lower(state, population, keys).compile()
@@ -442,9 +438,7 @@ def _time_rounds(
                 jax.block_until_ready(state)
         jax.block_until_ready(state)
         best = min(best, (time.perf_counter() - start) / rounds)
-    if inspect is not None:
-        return compile_s, best, inspect(round_fn, state)
-    return compile_s, best
+    return compile_s, best, round_fn, state
 
 
 def round_flops(
@@ -478,17 +472,11 @@ def measure(args, inspect=None) -> dict:
         raise SystemExit(f"--rounds-per-call {fused} must divide --rounds {args.rounds}")
     round_fn = compile_rounds(algorithm.round, fused)
     key = jax.random.key(1)
-    extra = {}
-
-    def inspect_compiled(compiled, last_state):
-        extra.update(inspect(compiled, last_state, population, key, fused))
-        return extra
-
-    compile_s, best, *_ = _time_rounds(
+    compile_s, best, compiled, last_state = _time_rounds(
         round_fn, state, population, key, args.rounds, args.repeats,
         sync=must_sync_each_round(strategy), rounds_per_call=fused,
-        inspect=inspect_compiled if inspect is not None else None,
     )
+    extra = inspect(compiled, last_state, population, key, fused) if inspect is not None else {}
 
     flops = round_flops(
         model, population.counts, clients_per_round, engine.local, args.algorithm == "deltafl"
@@ -562,11 +550,11 @@ def measure_sweep(args) -> dict:
     fused = args.rounds_per_call or rounds_per_call(engine.strategy, args.rounds, args.rounds)
     sweep_fn = batched_round(algorithm.round, fused)
     sync = must_sync_each_round(engine.strategy)
-    compile_sweep, per_sweep_round = _time_rounds(
+    compile_sweep, per_sweep_round, *_ = _time_rounds(
         sweep_fn, stacked, population, keys, args.rounds, args.repeats, sync, fused
     )
     single_fn = compile_rounds(monitored(algorithm.round), fused)
-    compile_single, per_round = _time_rounds(
+    compile_single, per_round, *_ = _time_rounds(
         single_fn, replicate(carries[0]), population, jax.random.key(0), args.rounds,
         args.repeats, sync, fused,
     )

@@ -101,7 +101,6 @@ References:
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -114,9 +113,11 @@ def _dp_accounting():
     """dp-accounting, imported on first use: importing it (and the SciPy it
     loads) is about half of a command's start-up, which runs without DP
     should not pay."""
-    for module in ("dp_accounting.rdp.rdp_privacy_accountant", "dp_accounting.mechanism_calibration"):
-        importlib.import_module(module)
-    return importlib.import_module("dp_accounting")
+    import dp_accounting
+    import dp_accounting.mechanism_calibration
+    import dp_accounting.rdp.rdp_privacy_accountant
+
+    return dp_accounting
 
 ACCOUNTANT_NAME = (
     "dp_accounting.rdp.RdpAccountant (Renyi DP, default orders, "
