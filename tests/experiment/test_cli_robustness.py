@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from reference import TINY_LABEL_SHIFT, StopAfter, assert_cli_refuses
+from round_records import assert_matches_record
 
 from jaxfl.cli import main
 from jaxfl.data.registry import load_dataset
@@ -57,6 +58,7 @@ def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
     test_population = split_client_examples(population, 0.75, 0)[1]
     _, errors = personal_client_metrics(Task(saved.model), saved.personal, test_population)
     np.testing.assert_allclose(errors, [float(r["personal_error"]) for r in test], rtol=1e-5, atol=1e-6)
+    assert_matches_record("ditto-attacked-geometric-median-split", out, ["ditto"])
 
 
 @pytest.mark.parametrize(
@@ -155,6 +157,7 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
         for got, want in zip(*leaves, strict=True):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert_matches_record("ditto-host-state-resumed", tmp_path / "single", ["ditto"])
 
 
 def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
@@ -177,6 +180,7 @@ def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     errors = np.array([float(r["error"]) for r in rows])
     assert attacked.sum() == 10
     np.testing.assert_allclose(summary["test_error"]["mean"], errors[~attacked].mean(), rtol=1e-5)
+    assert_matches_record("fedavg-host-residency-sign-flip-finetuned", out, ["fedavg"])
 
 
 def test_the_header_says_what_will_run_before_it_runs(tmp_path, capsys, monkeypatch):
