@@ -70,6 +70,12 @@ def own_models(state: ServerState) -> PyTree:
     return state.clients
 
 
+def no_personal_models(state: ServerState) -> PyTree:
+    """No personal models: the per-client state, if any, is not models (SCAFFOLD's control variates)."""
+    del state  # Unused.
+    return ()
+
+
 class FederatedAlgorithm(NamedTuple):
     """A federated algorithm as pure functions (see the module docstring).
 

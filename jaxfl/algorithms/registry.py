@@ -42,6 +42,12 @@ References:
   [Fallah et al. 2020] A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized
     Federated Learning with Theoretical Guarantees: A Model-Agnostic
     Meta-Learning Approach. NeurIPS 2020.
+  [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
+    Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
+    Averaging for Federated Learning. ICML 2020.
+  [Wang et al. 2020] J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor.
+    Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+    Optimization. NeurIPS 2020.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
+from jaxfl.algorithms.fednova import fednova
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
 from jaxfl.algorithms.l2sgd import l2sgd
@@ -68,6 +75,7 @@ from jaxfl.algorithms.mapper import MAPPER_CANDIDATES, mapper
 from jaxfl.algorithms.perfedavg import perfedavg
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
+from jaxfl.algorithms.scaffold import scaffold
 from jaxfl.algorithms.term import term
 from jaxfl.data.population import ClientPopulation
 from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
@@ -128,6 +136,12 @@ class AlgorithmSpec:
       privacy: for differentially private algorithms, how the run's privacy
         settings become noise hyperparameters before training and what the
         run spent after it (`jaxfl.privacy.budget.DpBudget`); None otherwise.
+      client_rows: model-sized rows of per-client state the algorithm keeps
+        per training client (personal models, SCAFFOLD's c_i), 0 for none:
+        what the client-state layout (`--client-state`) and the memory
+        checks size.
+      personal_models: whether those rows make personal models, evaluated
+        and saved beside the global one (Ditto's do, SCAFFOLD's do not).
     """
 
     build: Builder
@@ -135,6 +149,8 @@ class AlgorithmSpec:
     hparams: tuple[str, ...] = ()
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     privacy: DpBudget | None = None
+    client_rows: int = 0
+    personal_models: bool = False
 
 
 def _shared(engine: Engine) -> dict[str, Any]:
@@ -345,6 +361,8 @@ SPECS["ditto"] = AlgorithmSpec(
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
     hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
+    client_rows=1,
+    personal_models=True,
     options={
         "ditto_global": "fedavg",
         "ditto_dynamic_lam": "",
@@ -375,6 +393,8 @@ SPECS["l2sgd"] = AlgorithmSpec(
     "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
     hparams=("lam",),
+    client_rows=1,
+    personal_models=True,
 )
 
 def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
@@ -399,6 +419,8 @@ SPECS["apfl"] = AlgorithmSpec(
     "alpha v_k + (1 - alpha) w",
     hparams=("apfl_alpha",),
     options={"stragglers": 0.0, "apfl_alpha_lr": 0.0},
+    client_rows=2,  # The local models, and the mixtures made at evaluation.
+    personal_models=True,
 )
 
 def _build_mapper(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
@@ -424,6 +446,8 @@ SPECS["mapper"] = AlgorithmSpec(
     "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
     "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
     options={"mapper_candidates": ",".join(f"{lam:g}" for lam in MAPPER_CANDIDATES)},
+    client_rows=2,  # The local models, and the mixtures made at evaluation.
+    personal_models=True,
 )
 
 
@@ -444,9 +468,41 @@ SPECS["perfedavg"] = AlgorithmSpec(
     hparams=("perfedavg_alpha", "perfedavg_delta"),
 )
 
-# Algorithms whose state holds personal models, and how many models per
-# training client they hold at once (APFL also makes its mixtures at evaluation).
-PERSONAL_MODEL_ALGORITHMS = {"ditto": 1, "l2sgd": 1, "apfl": 2, "mapper": 2}
+
+def _build_scaffold(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    if engine.num_clients is None:
+        raise ValueError("scaffold needs the number of training clients (Engine.num_clients)")
+    return scaffold(
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        engine.num_clients,
+        control_option=options["scaffold_option"],
+        **_shared(engine),
+    )
+
+
+SPECS["scaffold"] = AlgorithmSpec(
+    _build_scaffold,
+    "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i; "
+    "c_i kept per client",
+    options={"scaffold_option": 2},
+    client_rows=1,
+)
+SPECS["fednova"] = AlgorithmSpec(
+    lambda engine, options: fednova(
+        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"], **_shared(engine)
+    ),
+    "FedNova (Wang et al. 2020): updates normalized by each client's local steps; keeps stragglers' work",
+    options={"stragglers": 0.0},
+)
+
+# Algorithms that keep per-client state, and how many model-sized rows per
+# training client they hold at once; those whose rows are personal models.
+CLIENT_STATE_ALGORITHMS = {name: spec.client_rows for name, spec in SPECS.items() if spec.client_rows}
+PERSONAL_MODEL_ALGORITHMS = {
+    name: spec.client_rows for name, spec in SPECS.items() if spec.personal_models
+}
 
 # name -> (builder, description): the registry's original shape, kept for
 # callers that only list names and descriptions.

@@ -26,7 +26,7 @@ import os
 import jax
 import numpy as np
 
-from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS, algorithm_spec
+from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS, algorithm_spec
 from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, unused_partition_options
 from jaxfl.data.memory import available_memory, check_memory
 from jaxfl.data.population import FederatedDataset
@@ -128,7 +128,7 @@ def client_state_nbytes(
     """Bytes an algorithm's personal models take in the memory `round_memory_available` measures.
 
     One float32 model per training client (two for APFL,
-    `PERSONAL_MODEL_ALGORITHMS`; docs/personalization.md). Under a layout
+    `CLIENT_STATE_ALGORITHMS`; docs/personalization.md). Under a layout
     over several devices each holds all the rows (replicated) or its share
     (split); on CPU the devices share the host's memory, so every device's
     copy counts. Host-resident rows (`host_client_state`) are one copy in
@@ -136,13 +136,13 @@ def client_state_nbytes(
     """
     if strategy.host_client_state:
         # One host copy; the device holds only the cohort's rows (counted with the round).
-        return PERSONAL_MODEL_ALGORITHMS[algorithm] * num_clients * num_parameters * 4
+        return CLIENT_STATE_ALGORITHMS[algorithm] * num_clients * num_parameters * 4
     mesh = strategy.mesh
     devices = mesh.size if mesh is not None else 1
     rows = strategy.client_state_rows(num_clients)
     per_device = rows // devices if strategy.shards_client_state else rows
     copies = devices if jax.default_backend() == "cpu" else 1
-    return PERSONAL_MODEL_ALGORITHMS[algorithm] * per_device * copies * num_parameters * 4
+    return CLIENT_STATE_ALGORITHMS[algorithm] * per_device * copies * num_parameters * 4
 
 
 # `--client-state auto` splits the personal models over the devices when
@@ -179,7 +179,7 @@ def choose_client_state(
     def personal_bytes(candidate):
         return sum(
             client_state_nbytes(candidate, num_clients, num_parameters, name)
-            for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS
+            for name in config.algorithms if name in CLIENT_STATE_ALGORITHMS
         )
 
     if available is None:
@@ -249,14 +249,14 @@ def check_round_fits(
         f"{config.model} ({num_parameters:,} parameters) for {at_once} clients at once "
         f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
     )
-    personal_algorithms = [name for name in config.algorithms if name in PERSONAL_MODEL_ALGORITHMS]
+    personal_algorithms = [name for name in config.algorithms if name in CLIENT_STATE_ALGORITHMS]
     host_personal = 0
     for name in personal_algorithms:
         personal = client_state_nbytes(strategy, dataset.train.num_clients, num_parameters, name)
         if strategy.host_client_state:
             layout = "in host memory"
             # The cohort's rows on the device; the N rows in host memory (checked apart off CPU).
-            needed += PERSONAL_MODEL_ALGORITHMS[name] * config.clients_per_round * num_parameters * 4
+            needed += CLIENT_STATE_ALGORITHMS[name] * config.clients_per_round * num_parameters * 4
             # The rows, and the copy a checkpoint makes of them while it writes.
             host_personal += 2 * personal
             if resource == "memory":

@@ -194,10 +194,15 @@ class RunConfig:
     )
     stragglers: float = _field(
         0.0,
-        "fedprox, fedavg: fraction in [0, 1) of each cohort that straggles "
-        "(runs 1..E-1 epochs; needs E >= 2 for fedprox); fedprox keeps their "
-        "work, fedavg drops them",
+        "fedprox, fednova, fedavg: fraction in [0, 1) of each cohort that straggles "
+        "(runs 1..E-1 epochs; needs E >= 2 for fedprox and fednova); fedprox and "
+        "fednova keep their work, fedavg drops them",
         low=0.0, high=1.0, high_open=True,
+    )
+    scaffold_option: int = _field(
+        2, "scaffold: the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the "
+        "client's full-data gradient at the server model (Option I), 2 = c_i - c + (x - y_i)/(K lr) "
+        "(Option II)", choices=(1, 2),
     )
     qffl_variant: str = _field(
         "fedavg", "qffl, afl-qffl: q-FedAvg or q-FedSGD (one full-batch step)",
@@ -210,7 +215,8 @@ class RunConfig:
         low=0.0,
     )
     client_state: str = _field(
-        "auto", "where the personal models (ditto, apfl, mapper, l2sgd) live: replicated on each "
+        "auto", "where per-client state (the personal models of ditto, apfl, mapper, l2sgd; scaffold's "
+        "control variates) lives: replicated on each "
         "device, split over the devices of a sharded strategy (each holding N/D), or in host memory with "
         "the cohort's moved to the device each round (host; not l2sgd, not sweeps); auto: replicated, split "
         "when the replicated copies would take over a quarter of the memory, host when on an accelerator "

@@ -30,11 +30,13 @@ from jaxfl.algorithms.base import (
     FederatedAlgorithm,
     ServerState,
     local_learning_rate,
+    no_personal_models,
     own_models,
     place_state,
     server_optimizer,
 )
 from jaxfl.algorithms.registry import (
+    CLIENT_STATE_ALGORITHMS,
     PERSONAL_MODEL_ALGORITHMS,
     SPECS,
     Engine,
@@ -198,7 +200,7 @@ def ignored_settings(
     # client-state layout, those with per-client state.
     if any(n not in PERSONAL_MODEL_ALGORITHMS and a.personalize is None for n, a in algorithms.items()):
         used.update(_FINETUNE_SETTINGS)
-    if any(name in PERSONAL_MODEL_ALGORITHMS for name in algorithms):
+    if any(name in CLIENT_STATE_ALGORITHMS for name in algorithms):
         used.add("client_state")
     settings = sorted({*settings, *_SERVER_OPTIMIZER_SETTINGS, *_FINETUNE_SETTINGS, "client_state"})
     return tuple(
@@ -535,7 +537,7 @@ def personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:
     """`algorithm.personal_models(state)`, or for host-resident client rows the
     `HostPersonalModels` that make them block by block on the device.
     """
-    if not is_on_host(state.clients):
+    if not is_on_host(state.clients) or algorithm.personal_models is no_personal_models:
         return algorithm.personal_models(state)
     if algorithm.personal_models is own_models:
         return HostPersonalModels(state.clients)
@@ -1214,7 +1216,7 @@ def run_algorithm(
         "strategy": engine.strategy.describe(),
         "residency": run_setup.placement.residency if run_setup.placement else "device",
     }
-    if name in PERSONAL_MODEL_ALGORITHMS:
+    if name in CLIENT_STATE_ALGORITHMS:
         summary["client_state"] = (
             "host" if strategy.host_client_state
             else "split" if strategy.shards_client_state else "replicated"

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.algorithms.registry import PERSONAL_MODEL_ALGORITHMS
+from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import ConfigError
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
@@ -163,7 +163,7 @@ def batched_evaluator(run_setup: Setup) -> Callable:
 
 def check_client_state(run_setup: Setup, name: str) -> None:
     """A one-line ConfigError when a sweep of `name` would need host-resident personal models."""
-    if run_setup.engine.strategy.host_client_state and name in PERSONAL_MODEL_ALGORITHMS:
+    if run_setup.engine.strategy.host_client_state and name in CLIENT_STATE_ALGORITHMS:
         why = (
             "--client-state auto chose host memory, as the personal models fit the devices neither "
             "replicated nor split" if run_setup.config.client_state == "auto" else "--client-state host"

@@ -32,7 +32,7 @@ from jaxfl.training.local import (
 # CohortKeys and round_keys are also imported from here.
 from jaxfl.training.sampling import CohortKeys, round_keys, sample_without_replacement  # noqa: F401
 from jaxfl.training.strategies import ClientStrategy, map_clients
-from jaxfl.types import Key, Params
+from jaxfl.types import Key, Params, PyTree
 
 # local_step(hparams, step_hparams[, the client's row of per-client state]) -> a `local_sgd` step
 # (`jaxfl.training.local.LocalStep`).
@@ -50,6 +50,9 @@ class CohortResults(NamedTuple):
       initial_loss: `[M]` F_i(w_t) on all the client's data before training,
         or None when not requested.
       initial_error: `[M]` misclassification of w_t on the client, or None.
+      outputs: what the client update stage's `finalize` returns beside the
+        clients' new rows (SCAFFOLD's control-variate updates), leading axis
+        M, or None.
     """
 
     client_ids: jax.Array
@@ -58,6 +61,7 @@ class CohortResults(NamedTuple):
     mean_batch_loss: jax.Array
     initial_loss: jax.Array | None
     initial_error: jax.Array | None
+    outputs: PyTree = None
 
 
 def train_cohort(
@@ -77,6 +81,7 @@ def train_cohort(
     local_step: StepFactory | None = None,
     step_hparams: Mapping[str, jax.Array] | None = None,
     step_rows: Params | None = None,
+    corrections: Params | None = None,
 ) -> CohortResults:
     """Runs local training on every client of the cohort.
 
@@ -102,6 +107,9 @@ def train_cohort(
       step_rows: optional per-client state of the cohort (leaves `[M, ...]`):
         client i's row is `local_step`'s third argument (mapper's steps read
         the client's local model and mixing weight).
+      corrections: optional per-client gradient corrections (leaves
+        `[M, ...]`): client i adds row i to every step's gradient
+        (`LocalHParams.correction`).
 
     Returns:
       The per-client results.
@@ -110,9 +118,11 @@ def train_cohort(
     per_client = client_inputs(client_ids, clients_key, slots=slots, active=active)
     if step_rows is not None:
         per_client["row"] = step_rows
+    if corrections is not None:
+        per_client["correction"] = corrections
     if num_epochs is not None:
         per_client["num_epochs"] = num_epochs
-    fusable = local_step is None and _kernel_takes(hparams)
+    fusable = local_step is None and corrections is None and _kernel_takes(hparams)
     layout = fused_layout(task, local, strategy, params, population) if fusable else None
     if layout is not None:
         return _train_cohort_fused(
@@ -122,6 +132,8 @@ def train_cohort(
 
     def client_fn(shared, client):
         params, population, hparams, step_hparams = shared
+        if "correction" in client:
+            hparams = hparams._replace(correction=client["correction"])
         client_row = (client["row"],) if "row" in client else ()
         out = {}
         if with_initial_loss:
@@ -162,7 +174,7 @@ def train_cohort(
 
 def _kernel_takes(hparams: LocalHParams) -> bool:
     """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term)."""
-    return hparams.prox_weights is None and hparams.kl_mu is None
+    return hparams.prox_weights is None and hparams.kl_mu is None and hparams.correction is None
 
 
 def _train_cohort_fused(

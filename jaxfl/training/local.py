@@ -234,7 +234,9 @@ class LocalHParams(NamedTuple):
     Fisher F (Li 2023, Appendix 5.6.2). `kl_mu` adds kl_mu/2 times the batch's
     mean symmetrized KL divergence between the model's and the anchor's
     predictive distributions to the minimized loss (SKL, Li 2023, Appendix 5.6.2;
-    `mean_symmetrized_kl`).
+    `mean_symmetrized_kl`). `correction` (a tree like the parameters) is
+    added to every step's gradient: a control variate, c - c_i in SCAFFOLD
+    (Karimireddy et al. 2020, Algorithm 1), -g_i in FedDyn.
     """
 
     lr: jax.Array
@@ -242,6 +244,7 @@ class LocalHParams(NamedTuple):
     prox_mu: jax.Array | None = None
     prox_weights: Params | None = None
     kl_mu: jax.Array | None = None
+    correction: Params | None = None
 
 
 class LocalResult(NamedTuple):
@@ -508,6 +511,8 @@ def local_sgd(
             grads = jax.tree.map(
                 lambda g, w, w0: g + hparams.prox_mu * (w - w0), grads, params, anchor
             )
+        if hparams.correction is not None:
+            grads = jax.tree.map(jnp.add, grads, hparams.correction)
         return sgd_update(params, grads, hparams), loss
 
     def skip_step(step, params):

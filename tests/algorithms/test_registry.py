@@ -36,7 +36,8 @@ ENGINE = Engine(
 DEFAULTS = RunConfig()
 
 
-def test_the_issue_s_cli_names_are_registered():
+def test_the_published_cli_names_stay_registered():
+    # Names users' scripts rely on; new algorithms only add to them.
     assert {
         "fedavg",
         "fedavg-sub",
@@ -56,7 +57,7 @@ def test_the_issue_s_cli_names_are_registered():
         "apfl",
         "perfedavg",
         "mapper",
-    } == set(algorithm_names())
+    } <= set(algorithm_names())
 
 
 @pytest.mark.parametrize("name", list(SPECS))

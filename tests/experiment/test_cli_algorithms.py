@@ -4,12 +4,13 @@ settings exit 2 with one line; unused settings are accepted with a warning."""
 import json
 
 import pytest
-from reference import assert_cli_refuses
+from reference import StopAfter, assert_cli_refuses
 from round_records import assert_matches_record
 
 from jaxfl.algorithms import algorithm_names
 from jaxfl.cli import main
 from jaxfl.experiment.config import make_config
+from jaxfl.experiment import runner
 from jaxfl.experiment.runner import setup
 
 # The tiny run of tests/experiment/test_cli.py.
@@ -71,6 +72,7 @@ GROUPS = [
     ["fedsgd", "fedprox", "qffl", "l2sgd", "perfedavg"],
     ["afl", "afl-qffl", "term", "apfl"],
     ["dp-fedavg", "dp-deltafl", "mapper"],
+    ["scaffold", "fednova"],
 ]
 
 
@@ -195,3 +197,20 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
 def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
     out = tmp_path / "out"
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
+
+
+def test_scaffold_control_variates_in_host_memory_resume_bit_for_bit(tmp_path, monkeypatch, capsys):
+    # SCAFFOLD's c_i are per-client state that is not a model: kept in host memory, checkpointed
+    # with the run and resumed, they give the uninterrupted run's results; no personal models.
+    argv = ["run", *TINY, "--algorithm", "scaffold", "--scaffold-option", "1", "--client-state", "host",
+            "--rounds", "3", "--eval-every", "3", "--checkpoint-every", "1"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    request = StopAfter(1)
+    monkeypatch.setattr(runner, "current_request", lambda: request)
+    assert main([*argv, "--out", str(tmp_path / "stopped")]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(tmp_path / "stopped"), "--no-progress"]) == 0
+    assert "scaffold (personal" not in capsys.readouterr().out
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("whole", "stopped")]
+    assert summaries[0]["client_state"] == "host" and "personal_test_error" not in summaries[0]
+    assert summaries[0]["test_error"] == summaries[1]["test_error"]

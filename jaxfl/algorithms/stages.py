@@ -1,0 +1,528 @@
+"""A round as four stages: select, client_update, aggregate, server.
+
+`compose_round(select, client_update, aggregate, server)` builds a
+`FederatedAlgorithm` whose round, with `keys = round_keys(key, state.round)`
+and `plan_key, aggregate_key = split(keys.server)`, runs
+
+1. **select** (`SelectStage`): samples the cohort (`keys.sampling`) and
+   decides, before training, the aggregation weights already known, which
+   clients train and their epochs (`plan(cohort, state, plan_key)`:
+   stragglers, FedAvg-Sub, Delta-FL's tail). A plan that reads the cohort's
+   losses F_i(w_t) says so (`reads_initial_loss`), and the round computes
+   them before training;
+2. **client_update** (`ClientUpdateStage`): local training of every cohort
+   client from w_t with key `fold_in(keys.clients, client id)`: minibatch
+   SGD with the terms the stage declares (l2, proximal, a per-client
+   gradient correction, or a whole replacement step). A stage may own one
+   **row of per-client state** per training client (`init_row`): the round
+   gathers the cohort's rows, gives them to `correction` and `finalize`, and
+   scatters `finalize`'s new rows back, on device, split over devices or in
+   host memory alike (`jaxfl.training.cohort.client_rows`);
+3. **aggregate** (`AggregateStage`): the server's update Delta from the
+   cohort's results: by default the weighted mean of the updates (the run's
+   aggregator, `jaxfl.aggregators`, in its place, and the run's update attack
+   in front of it, key `fold_in(keys.server, ATTACK_STREAM)`), or the
+   stage's own rule (q-FFL, AFL, FedNova, SCAFFOLD's control variates);
+4. **server**: an optax transformation fed -Delta.
+
+Each stage brings its own numeric hyperparameters and their defaults
+(`hparam_defaults`, traced scalars in `state.hparams`, so sweeps vmap over
+them) and at most one of select and aggregate keeps algorithm state
+(`init`, in `state.extra`). How the round runs on the hardware (the client
+strategy, the fused kernel, host residency, one pass or two) is the
+`strategy`'s, never a stage's.
+
+References:
+  [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
+    Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
+    Averaging for Federated Learning. ICML 2020.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxfl.aggregators import Aggregator
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    ServerState,
+    apply_server_update,
+    local_learning_rate,
+    no_personal_models,
+    own_models,
+    resolve_hparams,
+    server_optimizer,
+    tree_norm,
+)
+from jaxfl.algorithms.plans import cohort_losses
+from jaxfl.attacks import attack_updates
+from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training.cohort import (
+    CohortData,
+    CohortResults,
+    StepFactory,
+    client_rows,
+    initial_client_models,
+    round_keys,
+    select_cohort,
+    store_client_rows,
+    train_cohort,
+    weighted_mean,
+)
+from jaxfl.training.local import LocalHParams, LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
+from jaxfl.types import Key, Metrics, Params, PyTree
+
+# fold_in data of the attack's key (apart from the plan's and aggregation's).
+ATTACK_STREAM = 0x41545441
+
+# Local-training hyperparameters every algorithm takes.
+LOCAL_HPARAM_DEFAULTS = {
+    "lr": 0.1,  # Local learning rate lr0.
+    "lr_decay": 1.0,  # c of the step decay lr0 * c**floor(t / t0); 1 = constant.
+    "lr_decay_period": 1e9,  # t0 (rounds).
+    "l2": 0.0,  # lambda of (1 - lr*lambda) w - lr*grad.
+}
+
+
+class Robustness(NamedTuple):
+    """Attacks and robust aggregation in the round (both optional): the run's, not an algorithm's.
+
+    Attributes:
+      aggregator: replaces the weighted mean of the updates (None: the mean).
+      attack: an update attack of `jaxfl.attacks.UPDATE_ATTACKS`, or None
+        (data attacks are applied to the population before the run).
+      attack_options: the attack's options.
+      attacked: `[N]` bool, the run's corrupted clients (chosen once per run),
+        indexed by client id; needed with an attack.
+    """
+
+    aggregator: Aggregator | None = None
+    attack: str | None = None
+    attack_options: Mapping[str, Any] | None = None
+    attacked: np.ndarray | None = None
+
+
+class Cohort(NamedTuple):
+    """The round's sampled clients as the server knows them.
+
+    Attributes:
+      client_ids: `[M]` int32.
+      alpha: `[M]` data weights alpha_i (number of examples or 1).
+      initial_loss: `[M]` F_i(w_t) on each client's full data, or None when
+        the algorithm does not ask for it.
+      initial_error: `[M]` misclassification of w_t on each client, or None.
+    """
+
+    client_ids: jax.Array
+    alpha: jax.Array
+    initial_loss: jax.Array | None = None
+    initial_error: jax.Array | None = None
+
+
+class ClientPlan(NamedTuple):
+    """What the server decides before local training (all optional).
+
+    Attributes:
+      weights: `[M]` aggregation weights already known (normalized by the
+        default aggregation), or None: alpha.
+      active: `[M]` bool, the clients that train; the others run no local
+        step and get zero weight in the default aggregation. None: all.
+      num_epochs: `[M]` int32 local epochs per client (<= E), or None: E.
+      extra: the new algorithm-specific state, or None: unchanged.
+      metrics: extra round metrics, or None.
+    """
+
+    weights: jax.Array | None = None
+    active: jax.Array | None = None
+    num_epochs: jax.Array | None = None
+    extra: PyTree = None
+    metrics: Metrics | None = None
+
+
+class Aggregation(NamedTuple):
+    """The server's update from the cohort's results.
+
+    Attributes:
+      mean_delta: the update Delta fed to the server optimizer as -Delta.
+      weights: `[M]` the effective weight of each client (its count of
+        nonzero entries is the `clients_with_weight` metric).
+      extra: the new algorithm-specific state.
+      metrics: extra round metrics.
+      aggregator_state: the aggregator's new state, or None: unchanged.
+    """
+
+    mean_delta: Params
+    weights: jax.Array
+    extra: PyTree
+    metrics: Metrics
+    aggregator_state: PyTree = None
+
+
+# plan(cohort, state, key) -> ClientPlan
+Plan = Callable[[Cohort, ServerState, Key], ClientPlan]
+# reweight(results, alpha, state, key) -> (weights [M], extra, metrics)
+Reweight = Callable[[CohortResults, jax.Array, ServerState, Key], tuple[jax.Array, PyTree, Metrics]]
+# aggregate(results, cohort, plan, state, key) -> Aggregation; `state.extra` is already the plan's.
+Aggregate = Callable[[CohortResults, Cohort, ClientPlan, ServerState, Key], Aggregation]
+# correction(state, rows) -> per-client gradient corrections, leaves [M, ...].
+Correction = Callable[[ServerState, PyTree], Params]
+# finalize(state, rows, results, lr, cohort data) -> (the cohort's new rows, per-client outputs).
+Finalize = Callable[[ServerState, PyTree, CohortResults, jax.Array, CohortData], tuple[PyTree, PyTree]]
+# update_state(results, cohort, state) -> the aggregate stage's new state (`state.extra`).
+UpdateState = Callable[[CohortResults, Cohort, ServerState], PyTree]
+
+
+def _no_state(params: Params) -> PyTree:
+    del params  # Unused.
+    return ()
+
+
+class SelectStage(NamedTuple):
+    """select: the cohort and what the server decides before training.
+
+    Attributes:
+      plan: `(cohort, state, key) -> ClientPlan`, or None: every sampled
+        client trains E epochs with weight alpha.
+      reads_initial_loss: the plan reads F_i(w_t) (`cohort.initial_loss`),
+        computed in a pass before training.
+      weights_only: the plan only weights clients (its `active` is `weights >
+        0`, it sets no epochs), so the round may let every client compute
+        F_i(w_t) and train in one pass and apply the plan after: the same
+        aggregate. It does where a second pass costs more than the filtered
+        clients' training (`single_pass_preferred`).
+      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      hparam_defaults: the stage's numeric hyperparameters.
+      init: `params -> ` its initial state (`state.extra`), or () for none.
+    """
+
+    plan: Plan | None = None
+    reads_initial_loss: bool = False
+    weights_only: bool = False
+    client_weighting: str = "num_examples"
+    hparam_defaults: Mapping[str, float] = {}
+    init: Callable[[Params], PyTree] = _no_state
+
+
+class ClientUpdateStage(NamedTuple):
+    """client_update: each cohort client's local training, and its per-client state.
+
+    Attributes:
+      local: static local-training shape, or a function of the training
+        population giving it (FedSGD's full batch).
+      l2: the step's l2 term (hyperparameter 'l2').
+      proximal: FedProx's proximal term mu/2 ||w - w_t||^2 (hyperparameter 'mu').
+      reports_initial_loss: also compute F_i(w_t) in the training pass
+        (`results.initial_loss`, `cohort.initial_loss`: q-FFL, TERM, AFL).
+      step: replaces the SGD step (`local_step(hparams, state hparams[,
+        row])`: Per-FedAvg's meta step), or None.
+      step_reads_rows: `step` also takes the client's row (mapper).
+      init_row: `params -> ` one client's initial row of per-client state
+        (SCAFFOLD's c_i = 0), or None: no rows.
+      correction: `(state, rows) -> ` per-client gradient corrections added
+        to every local step (`LocalHParams.correction`), or None.
+      finalize: `(state, rows, results, lr, cohort data) -> (new rows,
+        outputs)` after training (`cohort data`: the cohort's ids, the
+        population holding their examples and their slots in it,
+        `jaxfl.training.cohort.CohortData`); the new rows are stored back
+        and `outputs` reach the aggregate stage as `results.outputs`. None:
+        rows unchanged.
+      hparam_defaults: the stage's numeric hyperparameters.
+    """
+
+    local: LocalTraining | Callable[[ClientPopulation], LocalTraining]
+    l2: bool = True
+    proximal: bool = False
+    reports_initial_loss: bool = False
+    step: StepFactory | None = None
+    step_reads_rows: bool = False
+    init_row: Callable[[Params], PyTree] | None = None
+    correction: Correction | None = None
+    finalize: Finalize | None = None
+    hparam_defaults: Mapping[str, float] = {}
+
+
+class AggregateStage(NamedTuple):
+    """aggregate: the server's update Delta from the cohort's results.
+
+    Attributes:
+      aggregate: `(results, cohort, plan, state, key) -> Aggregation`, the
+        algorithm's own rule (then the run's aggregator does not apply), or
+        None: the weighted mean (or the run's aggregator) of the updates.
+      reweight: `(results, alpha, state, key) -> (weights, extra, metrics)`,
+        the default rule's weights from the results (TERM), or None: the
+        plan's weights, else alpha.
+      update_state: `(results, cohort, state) -> ` the stage's new state
+        beside the default rule's update (SCAFFOLD's server control
+        variate), or None: unchanged.
+      hparam_defaults: the stage's numeric hyperparameters.
+      init: `params -> ` its initial state (`state.extra`), or () for none.
+    """
+
+    aggregate: Aggregate | None = None
+    reweight: Reweight | None = None
+    update_state: UpdateState | None = None
+    hparam_defaults: Mapping[str, float] = {}
+    init: Callable[[Params], PyTree] = _no_state
+
+
+def default_weights(cohort: Cohort, plan: ClientPlan) -> jax.Array:
+    """The plan's weights (alpha if none), zero for clients that did not train."""
+    weights = cohort.alpha if plan.weights is None else plan.weights
+    if plan.active is not None:
+        weights = jnp.where(plan.active, weights, 0.0)
+    return weights
+
+
+def compose_round(
+    name: str,
+    task: Task,
+    clients_per_round: int,
+    *,
+    select: SelectStage,
+    client_update: ClientUpdateStage,
+    aggregate: AggregateStage,
+    server: optax.GradientTransformation | None = None,
+    strategy: ClientStrategy,
+    robustness: Robustness | None = None,
+    num_clients: int | None = None,
+    rows_are_models: bool = False,
+) -> FederatedAlgorithm:
+    """The `FederatedAlgorithm` whose round runs the four stages (see the module docstring).
+
+    Args:
+      name: registry name.
+      task: model and loss.
+      clients_per_round: M.
+      select, client_update, aggregate: the stages.
+      server: the server optimizer (default SGD with learning rate 1).
+      strategy: how clients are laid out on the hardware.
+      robustness: the run's update attack and aggregator, or None.
+      num_clients: N, needed where `client_update` keeps per-client rows.
+      rows_are_models: the per-client rows are the clients' own models,
+        evaluated and saved as personal models; False: they are other state
+        (SCAFFOLD's c_i), and the algorithm has no personal models.
+
+    Raises:
+      ValueError: invalid static settings, or stages that cannot go together.
+    """
+    if clients_per_round < 1:
+        raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
+    if select.client_weighting not in ("num_examples", "uniform"):
+        raise ValueError(
+            f"client_weighting must be 'num_examples' or 'uniform', got {select.client_weighting!r}"
+        )
+    if aggregate.aggregate is not None and (aggregate.reweight or aggregate.update_state) is not None:
+        raise ValueError("an aggregate stage's own rule takes no reweight or update_state")
+    if select.reads_initial_loss and select.plan is None:
+        raise ValueError("reads_initial_loss needs a plan")
+    if select.init is not _no_state and aggregate.init is not _no_state:
+        raise ValueError("one stage keeps the algorithm's state: select's or aggregate's, not both")
+    if client_update.init_row is not None and num_clients is None:
+        raise ValueError(f"{name} keeps a row per client: give num_clients")
+    rows_used = client_update.init_row is not None or client_update.step_reads_rows
+    robustness = robustness or Robustness()
+    aggregator = robustness.aggregator
+    if aggregator is not None and aggregator.name == "mean":
+        aggregator = None  # The round's own weighted mean, bit for bit.
+    if aggregator is not None and aggregate.aggregate is not None:
+        raise ValueError(
+            f"{name} computes its own server update; aggregator {aggregator.name!r} applies to "
+            "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
+            "term, deltafl, ditto)"
+        )
+    attacked = None
+    if robustness.attack is not None:
+        if robustness.attacked is None:
+            raise ValueError("an attack needs the corrupted clients (Robustness.attacked)")
+        attacked = np.asarray(robustness.attacked, bool)
+    server = server or server_optimizer("sgd", 1.0)
+    defaults = {
+        **LOCAL_HPARAM_DEFAULTS,
+        **select.hparam_defaults,
+        **client_update.hparam_defaults,
+        **aggregate.hparam_defaults,
+    }
+    if client_update.proximal:
+        defaults.setdefault("mu", 0.0)
+    init_extra = aggregate.init if select.init is _no_state else select.init
+
+    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
+        clients = ()
+        if client_update.init_row is not None:
+            clients = initial_client_models(client_update.init_row(params), num_clients, strategy)
+        return ServerState(
+            round=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=server.init(params),
+            hparams=resolve_hparams(defaults, hparams),
+            extra=init_extra(params),
+            clients=clients,
+            aggregator=aggregator.init(params) if aggregator is not None else (),
+        )
+
+    def default_aggregate(results, cohort, client_plan, state, key):
+        if aggregate.reweight is None:
+            weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
+        else:
+            weights, extra, metrics = aggregate.reweight(results, cohort.alpha, state, key)
+        if aggregate.update_state is not None:
+            extra = aggregate.update_state(results, cohort, state)
+        if aggregator is None:
+            return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
+        losses = results.mean_batch_loss if aggregator.uses_losses else None
+        update, aggregator_state, aggregator_metrics = aggregator.aggregate(
+            results.deltas, weights, state.aggregator, losses=losses
+        )
+        return Aggregation(update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state)
+
+    aggregate_fn = aggregate.aggregate or default_aggregate
+    plan = select.plan
+    local = client_update.local
+
+    def round_fn(
+        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
+    ) -> tuple[ServerState, Metrics]:
+        if clients_per_round > population.num_clients:
+            raise ValueError(
+                f"clients_per_round={clients_per_round} exceeds the "
+                f"{population.num_clients} training clients"
+            )
+        keys = round_keys(key, state.round)
+        plan_key, aggregate_key = jax.random.split(keys.server)
+        # Named scopes label each phase's kernels in profiles (benchmarks/round_profile.py).
+        with jax.named_scope("select"):
+            cohort_data = select_cohort(keys.sampling, population, clients_per_round)
+            client_ids, data, slots = cohort_data
+            cohort = Cohort(client_ids, data.cohort_weights(select.client_weighting, slots))
+        single_pass = (
+            select.reads_initial_loss and select.weights_only and single_pass_preferred(strategy)
+        )
+        with jax.named_scope("plan"):
+            if select.reads_initial_loss and not single_pass:
+                losses, errors = cohort_losses(task, strategy, state.params, data, slots)
+                cohort = cohort._replace(initial_loss=losses, initial_error=errors)
+            if plan is None:
+                client_plan = ClientPlan()
+            elif not single_pass:
+                client_plan = plan(cohort, state, plan_key)
+                if client_plan.extra is not None:
+                    state = dataclasses.replace(state, extra=client_plan.extra)
+        lr = local_learning_rate(state.hparams, state.round)
+        hparams = LocalHParams(
+            lr=lr,
+            l2=state.hparams["l2"] if client_update.l2 else None,
+            prox_mu=state.hparams["mu"] if client_update.proximal else None,
+        )
+        with jax.named_scope("client_update"):
+            rows = client_rows(state.clients, client_ids) if rows_used else None
+            results = train_cohort(
+                task,
+                local(data) if callable(local) else local,
+                strategy,
+                state.params,
+                data,
+                client_ids,
+                keys.clients,
+                hparams,
+                with_initial_loss=single_pass
+                or (client_update.reports_initial_loss and not select.reads_initial_loss),
+                num_epochs=None if single_pass else client_plan.num_epochs,
+                active=None if single_pass else client_plan.active,
+                slots=slots,
+                local_step=client_update.step,
+                step_hparams=state.hparams if client_update.step is not None else None,
+                step_rows=rows if client_update.step_reads_rows else None,
+                corrections=(
+                    None if client_update.correction is None else client_update.correction(state, rows)
+                ),
+            )
+            clients = state.clients
+            if client_update.finalize is not None:
+                new_rows, outputs = client_update.finalize(state, rows, results, lr, cohort_data)
+                results = results._replace(outputs=outputs)
+                clients = store_client_rows(state.clients, client_ids, new_rows)
+        if results.initial_loss is not None:
+            cohort = cohort._replace(initial_loss=results.initial_loss, initial_error=results.initial_error)
+        if single_pass:
+            # Everyone trained; the plan's weights drop the filtered clients.
+            client_plan = plan(cohort, state, plan_key)
+            if client_plan.num_epochs is not None:
+                raise ValueError(f"{name}: a plan that sets epochs cannot run after training")
+            if client_plan.extra is not None:
+                state = dataclasses.replace(state, extra=client_plan.extra)
+        if attacked is not None:
+            # The corrupted clients forge their updates; a client without
+            # weight takes no part (and is left as it is).
+            is_attacked = jnp.asarray(attacked)[client_ids]
+            results = results._replace(
+                deltas=attack_updates(
+                    robustness.attack,
+                    results.deltas,
+                    is_attacked,
+                    default_weights(cohort, client_plan),
+                    jax.random.fold_in(keys.server, ATTACK_STREAM),
+                    options=robustness.attack_options,
+                )
+            )
+        with jax.named_scope("aggregate"):
+            aggregation = aggregate_fn(results, cohort, client_plan, state, aggregate_key)
+        with jax.named_scope("server"):
+            params, opt_state = apply_server_update(server, state, aggregation.mean_delta)
+        metrics = round_metrics(cohort, client_plan, results, aggregation)
+        new_state = ServerState(
+            round=state.round + 1,
+            params=params,
+            opt_state=opt_state,
+            hparams=state.hparams,
+            extra=aggregation.extra,
+            clients=clients,
+            aggregator=(
+                state.aggregator if aggregation.aggregator_state is None else aggregation.aggregator_state
+            ),
+        )
+        return new_state, metrics
+
+    return FederatedAlgorithm(
+        name=name,
+        init=init,
+        round=round_fn,
+        hparam_defaults=defaults,
+        personal_models=own_models if rows_are_models else no_personal_models,
+    )
+
+
+def round_metrics(
+    cohort: Cohort, client_plan: ClientPlan, results: CohortResults, aggregation: Aggregation
+) -> Metrics:
+    """Every round's metrics, then the plan's and the aggregation's own."""
+    trained = cohort.alpha
+    if client_plan.active is not None:
+        trained = jnp.where(client_plan.active, trained, 0.0)
+    metrics = {
+        # Mean minibatch loss of the clients that trained.
+        "train_loss": jnp.sum(trained * results.mean_batch_loss)
+        / jnp.maximum(jnp.sum(trained), jnp.finfo(jnp.float32).tiny),
+        "update_norm": tree_norm(aggregation.mean_delta),
+        "clients_with_weight": jnp.sum(aggregation.weights > 0).astype(jnp.int32),
+        "local_steps": jnp.mean(results.num_steps.astype(jnp.float32)),
+    }
+    if cohort.initial_loss is not None:
+        # F(w_t) over the cohort, alpha-weighted: what the plan saw.
+        metrics["cohort_loss"] = jnp.sum(cohort.alpha * cohort.initial_loss) / jnp.sum(cohort.alpha)
+    metrics.update(client_plan.metrics or {})
+    metrics.update(aggregation.metrics)
+    return metrics
+
+
+def single_pass_preferred(strategy: ClientStrategy) -> bool:
+    """Whether one fused loss-and-training pass beats two passes (see `SelectStage.weights_only`)."""
+    mesh = strategy.mesh
+    return mesh is not None and mesh.size > 1
