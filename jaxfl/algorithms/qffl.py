@@ -100,6 +100,18 @@ def qffl_coefficients(losses, sq_norms, alpha, q, lipschitz):
     return alpha * lipschitz * powered / jnp.sum(alpha * h)
 
 
+def qffl_update(deltas: Params, losses: jax.Array, alpha: jax.Array, state: ServerState) -> tuple[Params, jax.Array]:
+    """(sum_k c_k delta_k, c): the q-FFL step from per-client updates and losses.
+
+    c = `qffl_coefficients` with q = `state.hparams['q']` and L = 1 / this
+    round's local learning rate.
+    """
+    lipschitz = 1.0 / local_learning_rate(state.hparams, state.round)
+    coefficients = qffl_coefficients(losses, per_client_sq_norm(deltas), alpha, state.hparams["q"], lipschitz)
+    mean_delta = jax.tree.map(lambda x: jnp.tensordot(coefficients, x, axes=(0, 0)).astype(x.dtype), deltas)
+    return mean_delta, coefficients
+
+
 def qffl(
     task: Task,
     local: LocalTraining,
@@ -152,18 +164,7 @@ def qffl(
         key: Key,
     ) -> Aggregation:
         del plan, key  # Unused.
-        lipschitz = 1.0 / local_learning_rate(state.hparams, state.round)
-        coefficients = qffl_coefficients(
-            cohort.initial_loss,
-            per_client_sq_norm(results.deltas),
-            cohort.alpha,
-            state.hparams["q"],
-            lipschitz,
-        )
-        mean_delta = jax.tree.map(
-            lambda x: jnp.tensordot(coefficients, x, axes=(0, 0)).astype(x.dtype),
-            results.deltas,
-        )
+        mean_delta, coefficients = qffl_update(results.deltas, cohort.initial_loss, cohort.alpha, state)
         metrics = {"step_scale": jnp.sum(coefficients)}
         return Aggregation(mean_delta, coefficients, state.extra, metrics)
 

@@ -45,6 +45,11 @@ References:
   [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
     Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
     Averaging for Federated Learning. ICML 2020.
+  [Acar et al. 2021] D. A. E. Acar, Y. Zhao, R. Matas Navarro, M. Mattina,
+    P. N. Whatmough, V. Saligrama. Federated Learning Based on Dynamic
+    Regularization. ICLR 2021.
+  [Li et al. 2019] T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar,
+    V. Smith. FedDANE: A Federated Newton-Type Method. Asilomar 2019.
   [Wang et al. 2020] J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor.
     Tackling the Objective Inconsistency Problem in Heterogeneous Federated
     Optimization. NeurIPS 2020.
@@ -67,6 +72,8 @@ from jaxfl.algorithms.dp_deltafl import dp_deltafl
 from jaxfl.algorithms.dp_fedavg import dp_fedavg
 from jaxfl.algorithms.fedavg import fedavg
 from jaxfl.algorithms.fedavg_sub import fedavg_sub
+from jaxfl.algorithms.feddane import feddane
+from jaxfl.algorithms.feddyn import feddyn
 from jaxfl.algorithms.fednova import fednova
 from jaxfl.algorithms.fedprox import fedprox
 from jaxfl.algorithms.fedsgd import fedsgd
@@ -74,6 +81,7 @@ from jaxfl.algorithms.l2sgd import l2sgd
 from jaxfl.algorithms.mapper import MAPPER_CANDIDATES, mapper
 from jaxfl.algorithms.perfedavg import perfedavg
 from jaxfl.algorithms.qffl import qffl
+from jaxfl.algorithms.qmaml import qmaml
 from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.scaffold import scaffold
 from jaxfl.algorithms.term import term
@@ -495,6 +503,33 @@ SPECS["fednova"] = AlgorithmSpec(
     ),
     "FedNova (Wang et al. 2020): updates normalized by each client's local steps; keeps stragglers' work",
     options={"stragglers": 0.0},
+)
+
+
+def _build_feddyn(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    del options  # None.
+    if engine.num_clients is None:
+        raise ValueError("feddyn needs the number of training clients (Engine.num_clients)")
+    return feddyn(engine.task, engine.local, engine.clients_per_round, engine.num_clients, **_shared(engine))
+
+
+SPECS["feddyn"] = AlgorithmSpec(
+    _build_feddyn,
+    "FedDyn (Acar et al. 2021): local objectives with a dynamic linear and proximal regularizer; "
+    "g_k kept per client",
+    hparams=("feddyn_alpha",),
+    client_rows=1,
+)
+SPECS["feddane"] = AlgorithmSpec(
+    lambda engine, options: feddane(engine.task, engine.local, engine.clients_per_round, **_shared(engine)),
+    "FedDane (Li et al. 2019; Li 2023, Section 3.6): FedProx's local problems corrected by the "
+    "cohort's mean gradient minus the client's",
+    hparams=("mu",),
+)
+SPECS["qmaml"] = AlgorithmSpec(
+    lambda engine, options: qmaml(engine.task, engine.clients_per_round, **_shared(engine)),
+    "q-MAML (Li 2023, Appendix 4.6.2): q-FFL's weighting of first-order MAML meta-gradients",
+    hparams=("q", "perfedavg_alpha"),
 )
 
 # Algorithms that keep per-client state, and how many model-sized rows per

@@ -147,7 +147,7 @@ def weighted_averaging_algorithm(
         client_update=ClientUpdateStage(
             local=local,
             l2=use_l2,
-            proximal=proximal,
+            proximal="mu" if proximal else None,
             reports_initial_loss=with_initial_loss,
             step=local_step,
             step_reads_rows=local_step_reads_rows,

@@ -46,9 +46,9 @@ from jaxfl.algorithms.stages import (
     SelectStage,
     compose_round,
 )
-from jaxfl.training.cohort import CohortData, CohortResults
-from jaxfl.training.local import LocalTraining, Task, client_loss_gradient
-from jaxfl.training.strategies import ClientStrategy, map_clients
+from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params, PyTree
 
 CONTROL_OPTIONS = (1, 2)
@@ -88,8 +88,8 @@ def scaffold(
     if control_option not in CONTROL_OPTIONS:
         raise ValueError(f"scaffold_option must be 1 or 2 (the paper's Option I or II), got {control_option!r}")
 
-    def correction(state: ServerState, rows: Params) -> Params:
-        # c - c_i for each cohort client.
+    def correction(state: ServerState, rows: Params, cohort: Cohort, data: CohortData) -> Params:
+        del cohort, data  # Unused: c - c_i for each cohort client.
         return jax.tree.map(lambda c, c_i: c[None] - c_i, state.extra, rows)
 
     def finalize(
@@ -105,7 +105,8 @@ def scaffold(
 
             new_rows = jax.tree.map(option_2, state.extra, rows, results.deltas)
         else:
-            new_rows = _gradients_at_server_model(task, strategy, state, cohort)
+            gradients = cohort_gradients(task, strategy, state.params, cohort)
+            new_rows = jax.tree.map(lambda g, x: g + state.hparams["l2"] * x[None], gradients, state.params)
         new_rows = jax.tree.map(
             lambda new, old: jnp.where(trained.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
             new_rows,
@@ -138,19 +139,3 @@ def scaffold(
 def _zeros(params: Params) -> Params:
     return jax.tree.map(jnp.zeros_like, params)
 
-
-def _gradients_at_server_model(
-    task: Task, strategy: ClientStrategy, state: ServerState, cohort: CohortData
-) -> Params:
-    """`[M, ...]` grad F_i(x) + l2 x of each cohort client (Option I)."""
-
-    def client_fn(shared, client):
-        params, population = shared
-        return client_loss_gradient(task, params, population, client["id"])
-
-    active = jnp.ones(cohort.client_ids.shape[0], bool)
-    gradients = map_clients(
-        client_fn, (state.params, cohort.population), {"id": cohort.slots, "active": active}, strategy
-    )
-    l2 = state.hparams["l2"]
-    return jax.tree.map(lambda g, x: g + l2 * x[None], gradients, state.params)

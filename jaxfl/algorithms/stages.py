@@ -172,8 +172,8 @@ Plan = Callable[[Cohort, ServerState, Key], ClientPlan]
 Reweight = Callable[[CohortResults, jax.Array, ServerState, Key], tuple[jax.Array, PyTree, Metrics]]
 # aggregate(results, cohort, plan, state, key) -> Aggregation; `state.extra` is already the plan's.
 Aggregate = Callable[[CohortResults, Cohort, ClientPlan, ServerState, Key], Aggregation]
-# correction(state, rows) -> per-client gradient corrections, leaves [M, ...].
-Correction = Callable[[ServerState, PyTree], Params]
+# correction(state, rows, cohort, cohort data) -> per-client gradient corrections, leaves [M, ...].
+Correction = Callable[[ServerState, PyTree, "Cohort", CohortData], Params]
 # finalize(state, rows, results, lr, cohort data) -> (the cohort's new rows, per-client outputs).
 Finalize = Callable[[ServerState, PyTree, CohortResults, jax.Array, CohortData], tuple[PyTree, PyTree]]
 # update_state(results, cohort, state) -> the aggregate stage's new state (`state.extra`).
@@ -218,7 +218,8 @@ class ClientUpdateStage(NamedTuple):
       local: static local-training shape, or a function of the training
         population giving it (FedSGD's full batch).
       l2: the step's l2 term (hyperparameter 'l2').
-      proximal: FedProx's proximal term mu/2 ||w - w_t||^2 (hyperparameter 'mu').
+      proximal: the hyperparameter weighing a proximal term mu/2 ||w -
+        w_t||^2 ('mu': FedProx's; FedDyn's alpha), or None: no such term.
       reports_initial_loss: also compute F_i(w_t) in the training pass
         (`results.initial_loss`, `cohort.initial_loss`: q-FFL, TERM, AFL).
       step: replaces the SGD step (`local_step(hparams, state hparams[,
@@ -226,8 +227,10 @@ class ClientUpdateStage(NamedTuple):
       step_reads_rows: `step` also takes the client's row (mapper).
       init_row: `params -> ` one client's initial row of per-client state
         (SCAFFOLD's c_i = 0), or None: no rows.
-      correction: `(state, rows) -> ` per-client gradient corrections added
-        to every local step (`LocalHParams.correction`), or None.
+      correction: `(state, rows, cohort, cohort data) -> ` per-client
+        gradient corrections added to every local step
+        (`LocalHParams.correction`: SCAFFOLD's c - c_i, FedDane's global
+        minus local gradient), or None.
       finalize: `(state, rows, results, lr, cohort data) -> (new rows,
         outputs)` after training (`cohort data`: the cohort's ids, the
         population holding their examples and their slots in it,
@@ -239,7 +242,7 @@ class ClientUpdateStage(NamedTuple):
 
     local: LocalTraining | Callable[[ClientPopulation], LocalTraining]
     l2: bool = True
-    proximal: bool = False
+    proximal: str | None = None
     reports_initial_loss: bool = False
     step: StepFactory | None = None
     step_reads_rows: bool = False
@@ -350,8 +353,8 @@ def compose_round(
         **client_update.hparam_defaults,
         **aggregate.hparam_defaults,
     }
-    if client_update.proximal:
-        defaults.setdefault("mu", 0.0)
+    if client_update.proximal is not None:
+        defaults.setdefault(client_update.proximal, 0.0)
     init_extra = aggregate.init if select.init is _no_state else select.init
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
@@ -419,7 +422,7 @@ def compose_round(
         hparams = LocalHParams(
             lr=lr,
             l2=state.hparams["l2"] if client_update.l2 else None,
-            prox_mu=state.hparams["mu"] if client_update.proximal else None,
+            prox_mu=None if client_update.proximal is None else state.hparams[client_update.proximal],
         )
         with jax.named_scope("client_update"):
             rows = client_rows(state.clients, client_ids) if rows_used else None
@@ -441,7 +444,8 @@ def compose_round(
                 step_hparams=state.hparams if client_update.step is not None else None,
                 step_rows=rows if client_update.step_reads_rows else None,
                 corrections=(
-                    None if client_update.correction is None else client_update.correction(state, rows)
+                    None if client_update.correction is None
+                    else client_update.correction(state, rows, cohort, cohort_data)
                 ),
             )
             clients = state.clients

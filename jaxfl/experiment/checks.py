@@ -31,7 +31,14 @@ from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, unused_partition
 from jaxfl.data.memory import available_memory, check_memory
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import dataset_options as _dataset_options
-from jaxfl.experiment.config import ConfigError, RunConfig, check_settings, implied_setting, warn
+from jaxfl.experiment.config import (
+    ConfigError,
+    RunConfig,
+    check_settings,
+    full_batch_only,
+    implied_setting,
+    warn,
+)
 from jaxfl.experiment.hparams import algorithm_hparams
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -299,11 +306,7 @@ def data_warnings(config: RunConfig, dataset: FederatedDataset, local: LocalTrai
     if set(PARTITION_DEFAULTS) <= set(_dataset_options(config.dataset)):
         messages.extend(unused_partition_options(config.dataset_options))
     max_count = int(dataset.train.max_count)
-    full_batch = all(
-        name == "fedsgd" or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
-        for name in config.algorithms
-    )
-    if full_batch:
+    if full_batch_only(config):
         return messages  # Batch size, epochs and the cap are not used (see config.setting_warnings).
     uncapped = -(-max_count // local.batch_size) * local.num_epochs
     cap = config.max_local_steps

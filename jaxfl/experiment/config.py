@@ -161,10 +161,14 @@ class RunConfig:
         "FedAvg); fedavg-sub: fraction of each cohort that trains",
         low=0.0, high=1.0, low_open=True,
     )
-    mu: float = _field(0.01, "fedprox: proximal weight mu >= 0", low=0.0)
+    mu: float = _field(0.01, "fedprox, feddane: proximal weight mu >= 0", low=0.0)
+    feddyn_alpha: float = _field(
+        0.01, "feddyn: alpha > 0 of the dynamic regularizer -<g_k, w> + alpha/2 ||w - w_t||^2 (Acar et al. "
+        "2021 tune it in {0.1, 0.01, 0.001})", low=0.0, low_open=True,
+    )
     q: float | None = _field(
         None,
-        "qffl, afl-qffl: q >= 0 of q-FFL, 0: FedAvg (unset: 1 for qffl, 10 "
+        "qffl, afl-qffl, qmaml: q >= 0 of q-FFL, 0: FedAvg (unset: 1 for qffl and qmaml, 10 "
         "for afl-qffl)",
         low=0.0, optional=True,
     )
@@ -241,8 +245,8 @@ class RunConfig:
         "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
     )
     perfedavg_alpha: float = _field(
-        0.01, "perfedavg: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML objective "
-        "trains for (and that makes each client's personal model after training)", low=0.0, low_open=True,
+        0.01, "perfedavg, qmaml: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML "
+        "objective trains for (for perfedavg, also what makes each client's personal model after training)", low=0.0, low_open=True,
     )
     perfedavg_delta: float = _field(
         1e-3, "perfedavg: delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
@@ -753,9 +757,10 @@ _FULL_BATCH_SETTINGS = ("batch_size", "local_epochs", "max_local_steps", "local_
 _DELTAFL_DP_WRAP_DELTA = 1e-6
 
 
-def _full_batch_only(config: RunConfig) -> bool:
+def full_batch_only(config: RunConfig) -> bool:
+    """Whether every algorithm of the run takes one full-batch step per client (batch size and epochs unused)."""
     return all(
-        name == "fedsgd" or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
+        name in ("fedsgd", "qmaml") or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
         for name in config.algorithms
     )
 
@@ -859,7 +864,7 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
                     f"{name} is used by deltafl only with --reweighting dp (reweighting is "
                     f"{config.reweighting}); ignored"
                 )
-    if _full_batch_only(config):
+    if full_batch_only(config):
         for name in _FULL_BATCH_SETTINGS:
             if name in changed:
                 messages.append(

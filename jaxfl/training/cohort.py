@@ -25,6 +25,7 @@ from jaxfl.training.local import (
     LocalTraining,
     Task,
     client_loss_and_error,
+    client_loss_gradient,
     diagonal_fisher,
     local_sgd,
     minibatch_rows,
@@ -387,6 +388,17 @@ def train_client_rows(
     out = map_clients(client_fn, shared, per_client, strategy, cost=cost)
     rows = out.pop("params")
     return store_client_rows(per_client_state, cohort.client_ids, rows), out
+
+
+def cohort_gradients(task: Task, strategy: ClientStrategy, params: Params, cohort: CohortData) -> Params:
+    """grad F_i(w) of each cohort client on all its data (`client_loss_gradient`), leaves `[M, ...]`."""
+
+    def client_fn(shared, client):
+        params, population = shared
+        return client_loss_gradient(task, params, population, client["id"])
+
+    per_client = {"id": cohort.slots, "active": jnp.ones(cohort.client_ids.shape[0], bool)}
+    return map_clients(client_fn, (params, cohort.population), per_client, strategy)
 
 
 def initial_client_models(params: Params, num_clients: int, strategy: ClientStrategy) -> Params:

@@ -72,7 +72,7 @@ GROUPS = [
     ["fedsgd", "fedprox", "qffl", "l2sgd", "perfedavg"],
     ["afl", "afl-qffl", "term", "apfl"],
     ["dp-fedavg", "dp-deltafl", "mapper"],
-    ["scaffold", "fednova"],
+    ["scaffold", "fednova", "feddyn", "feddane", "qmaml"],
 ]
 
 
