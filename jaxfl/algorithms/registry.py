@@ -547,6 +547,7 @@ ALGORITHMS: dict[str, tuple[Builder, str]] = {
 
 
 def algorithm_names() -> list[str]:
+    """The registered algorithms' names, in registration order."""
     return list(SPECS)
 
 
