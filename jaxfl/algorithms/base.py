@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +92,9 @@ class FederatedAlgorithm(NamedTuple):
       personalize: `(state, training population) -> ` personal models,
         leaves `[N, ...]`, made once after training from the final state and
         the clients' data (Per-FedAvg's adaptation step), or None.
+      composition: the stages the round was composed of
+        (`jaxfl.algorithms.stages.Composition`), or None for a round written
+        by hand; algorithms built on another's stages read it (Ditto).
     """
 
     name: str
@@ -100,6 +103,7 @@ class FederatedAlgorithm(NamedTuple):
     hparam_defaults: Mapping[str, float]
     personal_models: Callable[[ServerState], PyTree] = own_models
     personalize: Callable[[ServerState, ClientPopulation], PyTree] | None = None
+    composition: Any = None
 
 
 def place_state(state: ServerState, strategy: ClientStrategy) -> ServerState:

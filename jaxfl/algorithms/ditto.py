@@ -49,25 +49,14 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfl.algorithms.base import (
-    FederatedAlgorithm,
-    ServerState,
-    init_with_client_models,
-    local_learning_rate,
-)
+from jaxfl.algorithms.base import FederatedAlgorithm
+from jaxfl.algorithms.stages import PersonalStage, compose_round
 from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import (
-    round_keys,
-    select_cohort,
-    train_client_rows,
-    update_personal_models,
-)
+from jaxfl.training.cohort import train_client_rows, update_personal_models
 from jaxfl.training.local import (
     LocalHParams,
     LocalStep,
@@ -78,7 +67,7 @@ from jaxfl.training.local import (
     minibatch_loss,
 )
 from jaxfl.training.strategies import ClientStrategy
-from jaxfl.types import Key, Metrics, Params
+from jaxfl.types import Params
 
 DITTO_HPARAM_DEFAULTS = {"lam": 1.0}
 # Fewer validation examples than this: the fixed lambda (thesis section 5.3).
@@ -204,33 +193,30 @@ def ditto(
     validation_given = validation is not None
     if dynamic_lam and validation_given:
         check_validation(validation, num_clients)
-    lam = DITTO_HPARAM_DEFAULTS["lam"]
-    init = init_with_client_models(global_algorithm, "lam", lam, num_clients, strategy)
-    defaults = {**global_algorithm.hparam_defaults, **DITTO_HPARAM_DEFAULTS}
+    composition = global_algorithm.composition
+    if composition is None:
+        raise ValueError(f"ditto builds on a composed round's stages; {global_algorithm.name} writes its own round")
+    if composition.personal is not None or composition.client_update.init_row is not None:
+        raise ValueError(f"ditto's personal models would replace {global_algorithm.name}'s per-client state")
+    if "lam" in global_algorithm.hparam_defaults:
+        raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'lam'")
 
-    def round_fn(
-        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
-    ) -> tuple[ServerState, Metrics]:
-        keys = round_keys(key, state.round)
-        cohort = select_cohort(keys.sampling, population, clients_per_round)
-        hparams = LocalHParams(
-            lr=local_learning_rate(state.hparams, state.round), prox_mu=state.hparams["lam"]
-        )
+    def personal_update(state, cohort, clients_key, lr, population):
+        # The round's own cohort, and each client's key of its global training: the same minibatches.
+        hparams = LocalHParams(lr=lr, prox_mu=state.hparams["lam"])
         if dynamic_lam:
             examples = validation
             if not validation_given:
                 examples = population.held_out
                 gathered = isinstance(population, GatheredCohort)
                 check_validation(examples, clients_per_round if gathered else num_clients)
-            clients, personal_loss = dynamic_personal_steps(state, cohort, keys.clients, hparams, examples)
+            clients, personal_loss = dynamic_personal_steps(state, cohort, clients_key, hparams, examples)
         else:
             clients, trained = update_personal_models(
-                task, local, strategy, state.params, state.clients, cohort, keys.clients, hparams
+                task, local, strategy, state.params, state.clients, cohort, clients_key, hparams
             )
             personal_loss = trained.mean_batch_loss
-        new_state, metrics = global_algorithm.round(state, population, key)
-        metrics = {**metrics, "personal_train_loss": jnp.mean(personal_loss)}
-        return dataclasses.replace(new_state, clients=clients), metrics
+        return clients, {"personal_train_loss": jnp.mean(personal_loss)}
 
     def dynamic_personal_steps(state, cohort, clients_key, hparams, validation):
         def client_fn(shared, client):
@@ -254,4 +240,18 @@ def ditto(
         )
         return clients, trained["loss"]
 
-    return FederatedAlgorithm(name=name, init=init, round=round_fn, hparam_defaults=defaults)
+    personal = PersonalStage(personal_update, init_row=_initial_model, hparam_defaults=DITTO_HPARAM_DEFAULTS)
+    return compose_round(
+        **{
+            **composition._asdict(),
+            "name": name,
+            "num_clients": num_clients,
+            "rows_are_models": True,
+            "personal": personal,
+        }
+    )
+
+
+def _initial_model(params: Params) -> Params:
+    """Every v_k^0 = w^0."""
+    return params

@@ -176,6 +176,8 @@ Aggregate = Callable[[CohortResults, Cohort, ClientPlan, ServerState, Key], Aggr
 Correction = Callable[[ServerState, PyTree, "Cohort", CohortData], Params]
 # finalize(state, rows, results, lr, cohort data) -> (the cohort's new rows, per-client outputs).
 Finalize = Callable[[ServerState, PyTree, CohortResults, jax.Array, CohortData], tuple[PyTree, PyTree]]
+# update(state, cohort data, clients key, lr, round population) -> (all rows, metrics).
+PersonalUpdate = Callable[[ServerState, CohortData, Key, jax.Array, Any], tuple[PyTree, Metrics]]
 # update_state(results, cohort, state) -> the aggregate stage's new state (`state.extra`).
 UpdateState = Callable[[CohortResults, Cohort, ServerState], PyTree]
 
@@ -276,6 +278,45 @@ class AggregateStage(NamedTuple):
     init: Callable[[Params], PyTree] = _no_state
 
 
+class PersonalStage(NamedTuple):
+    """personal: a second update of the round's own cohort, training each client's own model.
+
+    Personalization next to a global algorithm (Ditto): the composed round
+    runs `update` on the cohort it sampled, with the keys of the clients'
+    global training, so nothing outside the round redraws its cohort.
+
+    Attributes:
+      update: `(state, cohort data, clients key, lr, population) -> (rows,
+        metrics)`: the per-client rows (`state.clients`, all of them, the
+        cohort's updated) and metrics; `population` is the round's input
+        (for its `held_out` validation examples).
+      init_row: `params -> ` one client's initial row (its initial model).
+      hparam_defaults: the stage's numeric hyperparameters.
+    """
+
+    update: PersonalUpdate
+    init_row: Callable[[Params], PyTree]
+    hparam_defaults: Mapping[str, float] = {}
+
+
+class Composition(NamedTuple):
+    """What `compose_round` built an algorithm from (`FederatedAlgorithm.composition`), so that
+    another algorithm can be built on its stages (Ditto on any global algorithm)."""
+
+    name: str
+    task: Task
+    clients_per_round: int
+    select: SelectStage
+    client_update: ClientUpdateStage
+    aggregate: AggregateStage
+    server: optax.GradientTransformation | None
+    strategy: ClientStrategy
+    robustness: Robustness | None
+    num_clients: int | None
+    rows_are_models: bool
+    personal: PersonalStage | None
+
+
 def default_weights(cohort: Cohort, plan: ClientPlan) -> jax.Array:
     """The plan's weights (alpha if none), zero for clients that did not train."""
     weights = cohort.alpha if plan.weights is None else plan.weights
@@ -297,6 +338,7 @@ def compose_round(
     robustness: Robustness | None = None,
     num_clients: int | None = None,
     rows_are_models: bool = False,
+    personal: PersonalStage | None = None,
 ) -> FederatedAlgorithm:
     """The `FederatedAlgorithm` whose round runs the four stages (see the module docstring).
 
@@ -312,6 +354,8 @@ def compose_round(
       rows_are_models: the per-client rows are the clients' own models,
         evaluated and saved as personal models; False: they are other state
         (SCAFFOLD's c_i), and the algorithm has no personal models.
+      personal: a personal stage training per-client models on the round's
+        cohort (Ditto), or None.
 
     Raises:
       ValueError: invalid static settings, or stages that cannot go together.
@@ -328,7 +372,14 @@ def compose_round(
         raise ValueError("reads_initial_loss needs a plan")
     if select.init is not _no_state and aggregate.init is not _no_state:
         raise ValueError("one stage keeps the algorithm's state: select's or aggregate's, not both")
-    if client_update.init_row is not None and num_clients is None:
+    composition = Composition(
+        name, task, clients_per_round, select, client_update, aggregate, server, strategy, robustness,
+        num_clients, rows_are_models, personal,
+    )  # fmt: skip
+    if client_update.init_row is not None and personal is not None:
+        raise ValueError(f"{name}: the client update and the personal stage would both keep the client rows")
+    init_row = client_update.init_row if personal is None else personal.init_row
+    if init_row is not None and num_clients is None:
         raise ValueError(f"{name} keeps a row per client: give num_clients")
     rows_used = client_update.init_row is not None or client_update.step_reads_rows
     robustness = robustness or Robustness()
@@ -352,6 +403,7 @@ def compose_round(
         **select.hparam_defaults,
         **client_update.hparam_defaults,
         **aggregate.hparam_defaults,
+        **(personal.hparam_defaults if personal is not None else {}),
     }
     if client_update.proximal is not None:
         defaults.setdefault(client_update.proximal, 0.0)
@@ -359,8 +411,8 @@ def compose_round(
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
         clients = ()
-        if client_update.init_row is not None:
-            clients = initial_client_models(client_update.init_row(params), num_clients, strategy)
+        if init_row is not None:
+            clients = initial_client_models(init_row(params), num_clients, strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
@@ -449,6 +501,8 @@ def compose_round(
                 ),
             )
             clients = state.clients
+            if personal is not None:
+                clients, personal_metrics = personal.update(state, cohort_data, keys.clients, lr, population)
             if client_update.finalize is not None:
                 new_rows, outputs = client_update.finalize(state, rows, results, lr, cohort_data)
                 results = results._replace(outputs=outputs)
@@ -481,6 +535,8 @@ def compose_round(
         with jax.named_scope("server"):
             params, opt_state = apply_server_update(server, state, aggregation.mean_delta)
         metrics = round_metrics(cohort, client_plan, results, aggregation)
+        if personal is not None:
+            metrics.update(personal_metrics)
         new_state = ServerState(
             round=state.round + 1,
             params=params,
@@ -500,6 +556,7 @@ def compose_round(
         round=round_fn,
         hparam_defaults=defaults,
         personal_models=own_models if rows_are_models else no_personal_models,
+        composition=composition,
     )
 
 
