@@ -55,30 +55,15 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from jaxfl.algorithms.base import (
-    FederatedAlgorithm,
-    ServerState,
-    init_with_client_models,
-    local_learning_rate,
-)
-from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.round_template import Cohort
-from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import (
-    client_rows,
-    initial_client_models,
-    round_keys,
-    select_cohort,
-    train_client_rows,
-)
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.stages import PersonalStage, compose_round
+from jaxfl.training.cohort import client_rows, train_client_rows
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss, sgd_update
 from jaxfl.training.strategies import ClientStrategy
-from jaxfl.types import Key, Metrics, Params
+from jaxfl.types import Params
 
 APFL_HPARAM_DEFAULTS = {"apfl_alpha": 0.5}
 
@@ -105,23 +90,21 @@ def apfl(
     num_clients: int,
     *,
     strategy: ClientStrategy,
-    stragglers: float = 0.0,
     alpha_lr: float = 0.0,
     name: str = "apfl",
 ) -> FederatedAlgorithm:
     """APFL with a fixed or adaptive mixing weight (module docstring).
 
     Args:
-      global_algorithm: the server side, FedAvg's round (with the run's
-        aggregator and attack): its local steps must be plain local SGD,
-        which the joint steps repeat.
+      global_algorithm: the server side, FedAvg's composed round (with the
+        run's aggregator, attack and stragglers: dropped stragglers step
+        neither model): its local steps must be plain local SGD, which the
+        joint steps repeat.
       task: model and loss.
       local: the static local-training shape (FedAvg's).
       clients_per_round: M (FedAvg's).
       num_clients: N, the training clients (rows of the local models).
       strategy: how the cohort's clients are laid out.
-      stragglers: G's fraction of dropped stragglers (FedAvg's option): they
-        do not step their v_k either.
       alpha_lr: > 0: each client's alpha_k adapts with this step size
         (module docstring); 0: one fixed alpha, 'apfl_alpha'.
       name: registry name.
@@ -139,18 +122,15 @@ def apfl(
     if not alpha_lr >= 0:
         raise ValueError(f"apfl's alpha_lr must be >= 0, got {alpha_lr}")
     adaptive = alpha_lr > 0
-    alpha = APFL_HPARAM_DEFAULTS["apfl_alpha"]
-    init_models = init_with_client_models(global_algorithm, "apfl_alpha", alpha, num_clients, strategy)
+    composition = global_algorithm.composition
+    if composition is None:
+        raise ValueError(f"apfl builds on a composed round's stages; {global_algorithm.name} writes its own round")
+    if "apfl_alpha" in global_algorithm.hparam_defaults:
+        raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'apfl_alpha'")
 
-    def init(params: Params, hparams=None) -> ServerState:
-        state = init_models(params, hparams)
-        if not adaptive:
-            return state
-        alphas = initial_client_models(state.hparams["apfl_alpha"], num_clients, strategy)
-        return dataclasses.replace(state, clients={"local": state.clients, "alpha": alphas})
-
-    defaults = {**global_algorithm.hparam_defaults, **APFL_HPARAM_DEFAULTS}
-    dropped = straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
+    def init_row(params: Params, hparams) -> Params:
+        # v_k^0 = w^0; with adaptation, alpha_k^0 = the hyperparameter alpha.
+        return {"local": params, "alpha": hparams["apfl_alpha"]} if adaptive else params
 
     def joint_objective(params, batch, valid, key):
         # d/dv of F(alpha v + (1 - alpha) w) is alpha grad F at the mixture, d/d alpha is
@@ -192,29 +172,23 @@ def apfl(
             row = result.params["local"]
         return {"params": row, "loss": result.mean_batch_loss}
 
-    def round_fn(
-        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
-    ) -> tuple[ServerState, Metrics]:
-        keys = round_keys(key, state.round)
-        cohort = select_cohort(keys.sampling, population, clients_per_round)
-        hparams = LocalHParams(lr=local_learning_rate(state.hparams, state.round), l2=state.hparams["l2"])
-        active = jnp.ones(clients_per_round, bool)
-        if dropped is not None:
-            # FedAvg's plan, with the key the round template gives it: the same stragglers.
-            plan_key = jax.random.split(keys.server)[0]
-            active = dropped(Cohort(cohort.client_ids, alpha=active), state, plan_key).active
+    def personal_update(state, cohort, clients_key, lr, population, active):
+        # The round's cohort and plan (G's dropped stragglers step neither model), and each client's
+        # key of its global training: the same minibatches as its FedAvg steps.
+        del population  # Unused.
+        hparams = LocalHParams(lr=lr, l2=state.hparams["l2"])
+        if active is None:
+            active = jnp.ones(cohort.client_ids.shape[0], bool)
         shared = (state.params, cohort.population, hparams, state.hparams["apfl_alpha"])
         local_models, trained = train_client_rows(
-            client_fn, shared, state.clients, cohort, keys.clients, local, strategy, active=active
+            client_fn, shared, state.clients, cohort, clients_key, local, strategy, active=active
         )
-        new_state, metrics = global_algorithm.round(state, population, key)
         # Over the clients that stepped (dropped stragglers report no loss).
         personal_loss = jnp.sum(jnp.where(active, trained["loss"], 0.0)) / jnp.maximum(jnp.sum(active), 1)
-        metrics = {**metrics, "personal_train_loss": personal_loss}
+        metrics = {"personal_train_loss": personal_loss}
         if adaptive:
-            cohort_alpha = client_rows(local_models, cohort.client_ids)["alpha"]
-            metrics["apfl_alpha_mean"] = jnp.mean(cohort_alpha)
-        return dataclasses.replace(new_state, clients=local_models), metrics
+            metrics["apfl_alpha_mean"] = jnp.mean(client_rows(local_models, cohort.client_ids)["alpha"])
+        return local_models, metrics
 
     def personal_models(state: ServerState) -> Params:
         global_model = jax.tree.map(lambda leaf: leaf[None], state.params)
@@ -222,6 +196,14 @@ def apfl(
             return mixture(state.hparams["apfl_alpha"], state.clients, global_model)
         return client_mixtures(state.clients["alpha"], state.clients["local"], state.params)
 
-    return FederatedAlgorithm(
-        name=name, init=init, round=round_fn, hparam_defaults=defaults, personal_models=personal_models
+    personal = PersonalStage(personal_update, init_row=init_row, hparam_defaults=APFL_HPARAM_DEFAULTS)
+    algorithm = compose_round(
+        **{
+            **composition._asdict(),
+            "name": name,
+            "num_clients": num_clients,
+            "rows_are_models": True,
+            "personal": personal,
+        }
     )
+    return algorithm._replace(personal_models=personal_models)

@@ -201,7 +201,8 @@ def ditto(
     if "lam" in global_algorithm.hparam_defaults:
         raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'lam'")
 
-    def personal_update(state, cohort, clients_key, lr, population):
+    def personal_update(state, cohort, clients_key, lr, population, active):
+        del active  # Ditto's G drops no client.
         # The round's own cohort, and each client's key of its global training: the same minibatches.
         hparams = LocalHParams(lr=lr, prox_mu=state.hparams["lam"])
         if dynamic_lam:
@@ -252,6 +253,7 @@ def ditto(
     )
 
 
-def _initial_model(params: Params) -> Params:
+def _initial_model(params: Params, hparams) -> Params:
     """Every v_k^0 = w^0."""
+    del hparams  # Unused.
     return params

@@ -46,6 +46,7 @@ from jaxfl.algorithms.stages import (
     SelectStage,
     compose_round,
     default_weights,
+    zeros_row,
 )
 from jaxfl.training.cohort import CohortData, CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
@@ -54,9 +55,6 @@ from jaxfl.types import Key, Params
 
 FEDDYN_HPARAM_DEFAULTS = {"feddyn_alpha": 0.01}
 
-
-def _zeros(params: Params) -> Params:
-    return jax.tree.map(jnp.zeros_like, params)
 
 
 def _per_client(values: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -109,12 +107,12 @@ def feddyn(
         client_update=ClientUpdateStage(
             local=local,
             proximal="feddyn_alpha",
-            init_row=_zeros,
+            init_row=zeros_row,
             correction=correction,
             finalize=finalize,
             hparam_defaults=FEDDYN_HPARAM_DEFAULTS,
         ),
-        aggregate=AggregateStage(aggregate=aggregate, init=_zeros),
+        aggregate=AggregateStage(aggregate=aggregate, init=zeros_row),
         server=server_tx,
         strategy=strategy,
         robustness=robustness,

@@ -52,18 +52,22 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxfl.algorithms.apfl import client_mixtures, mixture
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
+from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.ditto import least_loss_choice
-from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
-from jaxfl.data.population import ClientPopulation, GatheredCohort
-from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, train_client_rows
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientUpdateStage,
+    PersonalStage,
+    Robustness,
+    SelectStage,
+    compose_round,
+)
+from jaxfl.training.cohort import train_client_rows
 from jaxfl.training.local import (
     LocalHParams,
     LocalStep,
@@ -75,7 +79,7 @@ from jaxfl.training.local import (
     sgd_update,
 )
 from jaxfl.training.strategies import ClientStrategy
-from jaxfl.types import Key, Metrics, Params
+from jaxfl.types import Params
 
 MAPPER_CANDIDATES = (0.25, 0.5, 0.75)
 
@@ -144,27 +148,6 @@ def mapper(
         del state_hparams  # Mapper has no hyperparameters of its own.
         return interpolation_step(task, hparams, row["lam"], row["local"], trains="global")
 
-    template = weighted_averaging_algorithm(
-        "mapper",
-        task,
-        local,
-        clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        robustness=robustness,
-        local_step=global_step,
-        local_step_reads_rows=True,
-    )
-
-    def init(params: Params, hparams=None) -> ServerState:
-        state = template.init(params, hparams)
-        clients = {
-            "local": initial_client_models(params, num_clients, strategy),
-            "lam": initial_client_models(jnp.float32(0.0), num_clients, strategy),
-        }
-        return dataclasses.replace(state, clients=clients)
-
     def search_fn(shared, client):
         server_params, population, hparams = shared
 
@@ -184,34 +167,39 @@ def mapper(
         lam = jnp.asarray(candidates, jnp.float32)[best]
         return {"params": {"local": local_model, "lam": lam}, "loss": losses[best], "lam": lam}
 
-    def round_fn(
-        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
-    ) -> tuple[ServerState, Metrics]:
-        # The template's cohort and keys: the search and the global steps see the same clients and
-        # minibatches.
-        keys = round_keys(key, state.round)
-        cohort = select_cohort(keys.sampling, population, clients_per_round)
-        hparams = LocalHParams(lr=local_learning_rate(state.hparams, state.round), l2=state.hparams["l2"])
+    def search(state, cohort, clients_key, lr, population, active):
+        # The round's cohort and each client's key of its global training: the search and the global
+        # steps see the same clients and minibatches; the global steps then read the chosen rows.
+        del population, active  # Unused: mapper drops no client.
+        hparams = LocalHParams(lr=lr, l2=state.hparams["l2"])
         searched, trained = train_client_rows(
-            search_fn, (state.params, cohort.population, hparams), state.clients, cohort, keys.clients,
+            search_fn, (state.params, cohort.population, hparams), state.clients, cohort, clients_key,
             local, strategy,
         )
-        new_state, metrics = template.round(dataclasses.replace(state, clients=searched), population, key)
         # The chosen interpolations' losses on the cohort's training data, and their weights.
-        metrics = {
-            **metrics,
-            "personal_train_loss": jnp.mean(trained["loss"]),
-            "mapper_lam_mean": jnp.mean(trained["lam"]),
-        }
-        return new_state, metrics
+        return searched, {"personal_train_loss": jnp.mean(trained["loss"]), "mapper_lam_mean": jnp.mean(trained["lam"])}
 
     def personal_models(state: ServerState) -> Params:
         return client_mixtures(state.clients["lam"], state.clients["local"], state.params)
 
-    return FederatedAlgorithm(
-        name="mapper",
-        init=init,
-        round=round_fn,
-        hparam_defaults=template.hparam_defaults,
-        personal_models=personal_models,
+    algorithm = compose_round(
+        "mapper",
+        task,
+        clients_per_round,
+        select=SelectStage(client_weighting=client_weighting),
+        client_update=ClientUpdateStage(local=local, step=global_step, step_reads_rows=True),
+        aggregate=AggregateStage(),
+        server=server_tx,
+        strategy=strategy,
+        robustness=robustness,
+        num_clients=num_clients,
+        rows_are_models=True,
+        personal=PersonalStage(search, init_row=_initial_row),
     )
+    return algorithm._replace(personal_models=personal_models)
+
+
+def _initial_row(params: Params, hparams) -> dict:
+    """u_k^0 = w^0 and lam_k^0 = 0."""
+    del hparams  # Unused.
+    return {"local": params, "lam": jnp.float32(0.0)}

@@ -416,7 +416,6 @@ def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
         engine.clients_per_round,
         engine.num_clients,
         strategy=engine.strategy,
-        stragglers=options["stragglers"],
         alpha_lr=options["apfl_alpha_lr"],
     )
 

@@ -45,6 +45,7 @@ from jaxfl.algorithms.stages import (
     Robustness,
     SelectStage,
     compose_round,
+    zeros_row,
 )
 from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
 from jaxfl.training.local import LocalTraining, Task
@@ -126,16 +127,13 @@ def scaffold(
         clients_per_round,
         select=SelectStage(client_weighting=client_weighting),
         client_update=ClientUpdateStage(
-            local=local, init_row=_zeros, correction=correction, finalize=finalize
+            local=local, init_row=zeros_row, correction=correction, finalize=finalize
         ),
-        aggregate=AggregateStage(update_state=update_state, init=_zeros),
+        aggregate=AggregateStage(update_state=update_state, init=zeros_row),
         server=server_tx,
         strategy=strategy,
         robustness=robustness,
         num_clients=num_clients,
     )
 
-
-def _zeros(params: Params) -> Params:
-    return jax.tree.map(jnp.zeros_like, params)
 

@@ -176,8 +176,12 @@ Aggregate = Callable[[CohortResults, Cohort, ClientPlan, ServerState, Key], Aggr
 Correction = Callable[[ServerState, PyTree, "Cohort", CohortData], Params]
 # finalize(state, rows, results, lr, cohort data) -> (the cohort's new rows, per-client outputs).
 Finalize = Callable[[ServerState, PyTree, CohortResults, jax.Array, CohortData], tuple[PyTree, PyTree]]
-# update(state, cohort data, clients key, lr, round population) -> (all rows, metrics).
-PersonalUpdate = Callable[[ServerState, CohortData, Key, jax.Array, Any], tuple[PyTree, Metrics]]
+# update(state, cohort data, clients key, lr, round population, active) -> (all rows, metrics).
+PersonalUpdate = Callable[
+    [ServerState, CohortData, Key, jax.Array, Any, "jax.Array | None"], tuple[PyTree, Metrics]
+]
+# init_row(params, hparams) -> one client's initial row.
+InitRow = Callable[[Params, Mapping[str, jax.Array]], PyTree]
 # update_state(results, cohort, state) -> the aggregate stage's new state (`state.extra`).
 UpdateState = Callable[[CohortResults, Cohort, ServerState], PyTree]
 
@@ -227,8 +231,8 @@ class ClientUpdateStage(NamedTuple):
       step: replaces the SGD step (`local_step(hparams, state hparams[,
         row])`: Per-FedAvg's meta step), or None.
       step_reads_rows: `step` also takes the client's row (mapper).
-      init_row: `params -> ` one client's initial row of per-client state
-        (SCAFFOLD's c_i = 0), or None: no rows.
+      init_row: `(params, hparams) -> ` one client's initial row of
+        per-client state (SCAFFOLD's c_i = 0), or None: no rows.
       correction: `(state, rows, cohort, cohort data) -> ` per-client
         gradient corrections added to every local step
         (`LocalHParams.correction`: SCAFFOLD's c - c_i, FedDane's global
@@ -248,7 +252,7 @@ class ClientUpdateStage(NamedTuple):
     reports_initial_loss: bool = False
     step: StepFactory | None = None
     step_reads_rows: bool = False
-    init_row: Callable[[Params], PyTree] | None = None
+    init_row: InitRow | None = None
     correction: Correction | None = None
     finalize: Finalize | None = None
     hparam_defaults: Mapping[str, float] = {}
@@ -281,21 +285,24 @@ class AggregateStage(NamedTuple):
 class PersonalStage(NamedTuple):
     """personal: a second update of the round's own cohort, training each client's own model.
 
-    Personalization next to a global algorithm (Ditto): the composed round
-    runs `update` on the cohort it sampled, with the keys of the clients'
-    global training, so nothing outside the round redraws its cohort.
+    Personalization next to a global algorithm (Ditto, APFL, mapper): the
+    composed round runs `update` on the cohort it sampled, after the plan and
+    before the global local training, with the keys of the clients' global
+    training, so nothing outside the round redraws its cohort. The global
+    local training then reads the updated rows (mapper's steps do).
 
     Attributes:
-      update: `(state, cohort data, clients key, lr, population) -> (rows,
-        metrics)`: the per-client rows (`state.clients`, all of them, the
-        cohort's updated) and metrics; `population` is the round's input
-        (for its `held_out` validation examples).
-      init_row: `params -> ` one client's initial row (its initial model).
+      update: `(state, cohort data, clients key, lr, population, active) ->
+        (rows, metrics)`: the per-client rows (`state.clients`, all of them,
+        the cohort's updated) and metrics; `population` is the round's input
+        (for its `held_out` validation examples) and `active` the plan's
+        `[M]` clients that train (None: all).
+      init_row: `(params, hparams) -> ` one client's initial row.
       hparam_defaults: the stage's numeric hyperparameters.
     """
 
     update: PersonalUpdate
-    init_row: Callable[[Params], PyTree]
+    init_row: InitRow
     hparam_defaults: Mapping[str, float] = {}
 
 
@@ -315,6 +322,12 @@ class Composition(NamedTuple):
     num_clients: int | None
     rows_are_models: bool
     personal: PersonalStage | None
+
+
+def zeros_row(params: Params, hparams: Mapping[str, jax.Array] | None = None) -> Params:
+    """A row of zeros shaped like the model: the usual `init_row` of control variates."""
+    del hparams  # Unused.
+    return jax.tree.map(jnp.zeros_like, params)
 
 
 def default_weights(cohort: Cohort, plan: ClientPlan) -> jax.Array:
@@ -410,14 +423,15 @@ def compose_round(
     init_extra = aggregate.init if select.init is _no_state else select.init
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
+        hparams = resolve_hparams(defaults, hparams)
         clients = ()
         if init_row is not None:
-            clients = initial_client_models(init_row(params), num_clients, strategy)
+            clients = initial_client_models(init_row(params, hparams), num_clients, strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=server.init(params),
-            hparams=resolve_hparams(defaults, hparams),
+            hparams=hparams,
             extra=init_extra(params),
             clients=clients,
             aggregator=aggregator.init(params) if aggregator is not None else (),
@@ -477,7 +491,13 @@ def compose_round(
             prox_mu=None if client_update.proximal is None else state.hparams[client_update.proximal],
         )
         with jax.named_scope("client_update"):
-            rows = client_rows(state.clients, client_ids) if rows_used else None
+            clients = state.clients
+            if personal is not None:
+                active = None if single_pass else client_plan.active
+                clients, personal_metrics = personal.update(
+                    state, cohort_data, keys.clients, lr, population, active
+                )
+            rows = client_rows(clients, client_ids) if rows_used else None
             results = train_cohort(
                 task,
                 local(data) if callable(local) else local,
@@ -500,13 +520,10 @@ def compose_round(
                     else client_update.correction(state, rows, cohort, cohort_data)
                 ),
             )
-            clients = state.clients
-            if personal is not None:
-                clients, personal_metrics = personal.update(state, cohort_data, keys.clients, lr, population)
             if client_update.finalize is not None:
                 new_rows, outputs = client_update.finalize(state, rows, results, lr, cohort_data)
                 results = results._replace(outputs=outputs)
-                clients = store_client_rows(state.clients, client_ids, new_rows)
+                clients = store_client_rows(clients, client_ids, new_rows)
         if results.initial_loss is not None:
             cohort = cohort._replace(initial_loss=results.initial_loss, initial_error=results.initial_error)
         if single_pass:
