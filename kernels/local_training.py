@@ -41,9 +41,7 @@ client at a time under `vmap`), and `fused_local_sgd_kernel` the kernel
 body. `jaxfl.training.fused` connects them to rounds.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ References:
   [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
     Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
     Section 5.3.3 and Appendix 5.7.4 (clipping at the median norm).
-  [CC] S. P. Karimireddy, L. He, M. Jaggi. Learning from History for
-    Byzantine Robust Optimization. ICML 2021.
+  [CC] Learning from History for Byzantine Robust Optimization. ICML 2021.
   [ByzFL] The ByzFL library (github.com/LPD-EPFL/byzfl), whose standard set
     of robust aggregators includes centered clipping.
 """

@@ -11,9 +11,7 @@ References:
   [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
     Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
     Section 5.3.3 and Appendix 5.7.4 (the robust aggregation baselines).
-  [Krum] P. Blanchard, E. M. El Mhamdi, R. Guerraoui, J. Stainer. Machine
-    Learning with Adversaries: Byzantine Tolerant Gradient Descent. NeurIPS
-    2017.
+  [Krum] Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent. NeurIPS 2017.
 """
 
 from __future__ import annotations

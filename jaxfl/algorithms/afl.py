@@ -38,13 +38,9 @@ Pillutla et al. 2023, Section 7.2 and Appendix C.2), is
 `jaxfl.algorithms.qffl` under the registry name 'afl-qffl'.
 
 References:
-  [Mohri et al. 2019] M. Mohri, G. Sivek, A. T. Suresh. Agnostic Federated
-    Learning. ICML 2019.
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Mohri et al. 2019] Agnostic Federated Learning. ICML 2019.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -47,10 +47,8 @@ alpha_k ('apfl_alpha_mean'). The thesis's comparison uses a fixed alpha (0.5,
 the code's default): `alpha_lr` = 0, the default.
 
 References:
-  [Deng et al. 2020] Y. Deng, M. M. Kamani, M. Mahdavi. Adaptive
-    Personalized Federated Learning. arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Deng et al. 2020] Adaptive Personalized Federated Learning. arXiv preprint, 2020.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations
@@ -124,7 +122,9 @@ def apfl(
     adaptive = alpha_lr > 0
     composition = global_algorithm.composition
     if composition is None:
-        raise ValueError(f"apfl builds on a composed round's stages; {global_algorithm.name} writes its own round")
+        raise ValueError(
+            f"apfl builds on a composed round's stages; {global_algorithm.name} writes its own round"
+        )
     if "apfl_alpha" in global_algorithm.hparam_defaults:
         raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'apfl_alpha'")
 

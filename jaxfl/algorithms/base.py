@@ -12,9 +12,7 @@ state; shape-setting ones (clients per round, batch size, epochs) are fixed
 when the algorithm is built.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import jax.numpy as jnp
 import optax
 
 from jaxfl.data.population import ClientPopulation
-from jaxfl.training.cohort import initial_client_models
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params, PyTree
 
@@ -115,38 +112,6 @@ def place_state(state: ServerState, strategy: ClientStrategy) -> ServerState:
     replicated = strategy.replicate(dataclasses.replace(state, clients=()))
     clients = strategy.shard_rows(state.clients, row_axis=jnp.ndim(state.round))
     return dataclasses.replace(replicated, clients=clients)
-
-
-def init_with_client_models(
-    global_algorithm: FederatedAlgorithm,
-    hparam: str,
-    default: float,
-    num_clients: int,
-    strategy: ClientStrategy,
-) -> Callable[[Params, Mapping[str, float] | None], ServerState]:
-    """The `init` of an algorithm that wraps a global one with one model per client (Ditto, APFL).
-
-    G's state, plus the wrapper's hyperparameter `hparam` (given, or
-    `default`) and `clients`: one copy of the initial model per training
-    client (`initial_client_models`, leaves `[R, ...]`).
-
-    Raises:
-      ValueError: G already takes a hyperparameter named `hparam`.
-    """
-    if hparam in global_algorithm.hparam_defaults:
-        raise ValueError(f"{global_algorithm.name} already has a hyperparameter {hparam!r}")
-
-    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        hparams = dict(hparams or {})
-        value = hparams.pop(hparam, default)
-        state = global_algorithm.init(params, hparams)
-        return dataclasses.replace(
-            state,
-            hparams={**state.hparams, hparam: jnp.asarray(value, jnp.float32)},
-            clients=initial_client_models(params, num_clients, strategy),
-        )
-
-    return init
 
 
 def resolve_hparams(

@@ -77,12 +77,8 @@ that survive the filter), and for 'threshold'/'dp' the `threshold` Q used
 this round.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
 """
 
 from __future__ import annotations

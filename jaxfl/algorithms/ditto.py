@@ -43,8 +43,7 @@ small-device fallback). Each step then costs one gradient and |Lambda|
 passes over the client's validation examples.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations
@@ -195,7 +194,9 @@ def ditto(
         check_validation(validation, num_clients)
     composition = global_algorithm.composition
     if composition is None:
-        raise ValueError(f"ditto builds on a composed round's stages; {global_algorithm.name} writes its own round")
+        raise ValueError(
+            f"ditto builds on a composed round's stages; {global_algorithm.name} writes its own round"
+        )
     if composition.personal is not None or composition.client_update.init_row is not None:
         raise ValueError(f"ditto's personal models would replace {global_algorithm.name}'s per-client state")
     if "lam" in global_algorithm.hparam_defaults:

@@ -58,12 +58,8 @@ Metrics: 'threshold' Q_t, 'clients_with_weight' m_t, and as for DP-FedAvg
 (simulation diagnostics, not DP releases).
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
 """
 
 from __future__ import annotations

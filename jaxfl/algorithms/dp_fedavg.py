@@ -34,13 +34,9 @@ like FedAvg's 'train_loss' they are computed from private data and are
 simulation diagnostics, not DP releases.
 
 References:
-  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
-    Learning Differentially Private Recurrent Language Models. ICLR 2018.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [McMahan et al. 2018] Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations

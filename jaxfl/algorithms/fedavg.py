@@ -21,14 +21,9 @@ Built on the round template every algorithm shares
 (`jaxfl.algorithms.round_template`).
 
 References:
-  [McMahan et al. 2017] H. B. McMahan, E. Moore, D. Ramage, S. Hampson,
-    B. Aguera y Arcas. Communication-Efficient Learning of Deep Networks
-    from Decentralized Data. AISTATS 2017.
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [McMahan et al. 2017] Communication-Efficient Learning of Deep Networks from Decentralized Data.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

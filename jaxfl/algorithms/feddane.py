@@ -1,4 +1,4 @@
-"""FedDane (Li et al. 2019): DANE's gradient-corrected local problems, with local updating and partial participation.
+"""FedDane (Li et al. 2019): DANE's gradient-corrected local problems, solved locally by part of the clients.
 
 One round, with w_t the server model (Li et al. 2019, Algorithm 1; Li 2023
 (thesis), Section 3.6 compares it with FedProx):
@@ -28,8 +28,7 @@ References:
   [Shamir et al. 2014] O. Shamir, N. Srebro, T. Zhang. Communication-
     Efficient Distributed Optimization using an Approximate Newton-type
     Method. ICML 2014.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -24,9 +24,7 @@ devices or in host memory, and checkpointed. Hyperparameters: the local ones
 and 'feddyn_alpha'.
 
 References:
-  [Acar et al. 2021] D. A. E. Acar, Y. Zhao, R. Matas Navarro, M. Mattina,
-    P. N. Whatmough, V. Saligrama. Federated Learning Based on Dynamic
-    Regularization. ICLR 2021.
+  [Acar et al. 2021] Federated Learning Based on Dynamic Regularization. ICLR 2021.
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ The update goes through the server optimizer as -Delta. FedNova computes its
 own server update, so robust aggregators do not apply (update attacks do).
 
 References:
-  [Wang et al. 2020] J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor.
-    Tackling the Objective Inconsistency Problem in Heterogeneous Federated
-    Optimization. NeurIPS 2020.
+  [Wang et al. 2020] Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ FedProx is FedAvg.
 References:
   [Li et al. 2020] T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar,
     V. Smith. Federated Optimization in Heterogeneous Networks. MLSys 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

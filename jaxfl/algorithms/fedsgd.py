@@ -16,8 +16,7 @@ is -lr grad F_k(w_t). The run's batch size and local epochs are therefore
 not used. q-FedSGD (`jaxfl.algorithms.qffl`) uses the same local step.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -26,10 +26,8 @@ Ditto's). Client k's key is `fold_in(keys.clients, k)`, so at the same seed
 it visits the minibatches of its FedAvg and Ditto training.
 
 References:
-  [Hanzely and Richtarik 2020] F. Hanzely, P. Richtarik. Federated
-    Learning of a Mixture of Global and Local Models. arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Hanzely and Richtarik 2020] Federated Learning of a Mixture of Global and Local Models.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -43,11 +43,8 @@ Each local step costs 1 + |candidates| gradients (|candidates| + 1 passes
 of the client's steps), plus |candidates| passes over the client's data.
 
 References:
-  [Mansour et al. 2020] Y. Mansour, M. Mohri, J. Ro, A. T. Suresh. Three
-    Approaches for Personalization with Applications to Federated
-    Learning. arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Mansour et al. 2020] Three Approaches for Personalization with Applications to Federated Learning.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations
@@ -177,7 +174,11 @@ def mapper(
             local, strategy,
         )
         # The chosen interpolations' losses on the cohort's training data, and their weights.
-        return searched, {"personal_train_loss": jnp.mean(trained["loss"]), "mapper_lam_mean": jnp.mean(trained["lam"])}
+        metrics = {
+            "personal_train_loss": jnp.mean(trained["loss"]),
+            "mapper_lam_mean": jnp.mean(trained["lam"]),
+        }
+        return searched, metrics
 
     def personal_models(state: ServerState) -> Params:
         return client_mixtures(state.clients["lam"], state.clients["local"], state.params)

@@ -37,8 +37,7 @@ References:
   [Fallah et al. 2020] A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized
     Federated Learning with Theoretical Guarantees: A Model-Agnostic
     Meta-Learning Approach. NeurIPS 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

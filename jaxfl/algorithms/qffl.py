@@ -38,13 +38,9 @@ C.2: q = 10, "more stable convergence with similar performance" than AFL) is
 the registry entry 'afl-qffl': this algorithm with q = 10 by default.
 
 References:
-  [Li et al. 2020] T. Li, M. Sanjabi, A. Beirami, V. Smith. Fair Resource
-    Allocation in Federated Learning. ICLR 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Li et al. 2020] Fair Resource Allocation in Federated Learning. ICLR 2020.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations
@@ -100,7 +96,9 @@ def qffl_coefficients(losses, sq_norms, alpha, q, lipschitz):
     return alpha * lipschitz * powered / jnp.sum(alpha * h)
 
 
-def qffl_update(deltas: Params, losses: jax.Array, alpha: jax.Array, state: ServerState) -> tuple[Params, jax.Array]:
+def qffl_update(
+    deltas: Params, losses: jax.Array, alpha: jax.Array, state: ServerState
+) -> tuple[Params, jax.Array]:
     """(sum_k c_k delta_k, c): the q-FFL step from per-client updates and losses.
 
     c = `qffl_coefficients` with q = `state.hparams['q']` and L = 1 / this

@@ -27,10 +27,8 @@ Personal models are the run's fine-tuning baseline (`--finetune-epochs`:
 the thesis personalizes with 5 steps of minibatch SGD at meta-test).
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Finn et al. 2017] C. Finn, P. Abbeel, S. Levine. Model-Agnostic
-    Meta-Learning for Fast Adaptation of Deep Networks. ICML 2017.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Finn et al. 2017] Model-Agnostic Meta-Learning for Fast Adaptation of Deep Networks. ICML 2017.
 """
 
 from __future__ import annotations

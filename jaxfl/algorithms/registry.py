@@ -19,40 +19,21 @@ hyperparameters (Delta-FL takes 'smoothing' only with the smoothed
 reweighting): `hparam_fields` says which apply.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [McMahan et al. 2017] H. B. McMahan, E. Moore, D. Ramage, S. Hampson,
-    B. Aguera y Arcas. Communication-Efficient Learning of Deep Networks
-    from Decentralized Data. AISTATS 2017.
-  [Mohri et al. 2019] M. Mohri, G. Sivek, A. T. Suresh. Agnostic Federated
-    Learning. ICML 2019.
-  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
-    Learning Differentially Private Recurrent Language Models. ICLR 2018.
-  [Deng et al. 2020] Y. Deng, M. M. Kamani, M. Mahdavi. Adaptive
-    Personalized Federated Learning. arXiv preprint, 2020.
-  [Mansour et al. 2020] Y. Mansour, M. Mohri, J. Ro, A. T. Suresh. Three
-    Approaches for Personalization with Applications to Federated
-    Learning. arXiv preprint, 2020.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [McMahan et al. 2017] Communication-Efficient Learning of Deep Networks from Decentralized Data.
+  [Mohri et al. 2019] Agnostic Federated Learning. ICML 2019.
+  [McMahan et al. 2018] Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Deng et al. 2020] Adaptive Personalized Federated Learning. arXiv preprint, 2020.
+  [Mansour et al. 2020] Three Approaches for Personalization with Applications to Federated Learning.
   [Fallah et al. 2020] A. Fallah, A. Mokhtari, A. Ozdaglar. Personalized
     Federated Learning with Theoretical Guarantees: A Model-Agnostic
     Meta-Learning Approach. NeurIPS 2020.
-  [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
-    Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
-    Averaging for Federated Learning. ICML 2020.
-  [Acar et al. 2021] D. A. E. Acar, Y. Zhao, R. Matas Navarro, M. Mattina,
-    P. N. Whatmough, V. Saligrama. Federated Learning Based on Dynamic
-    Regularization. ICLR 2021.
-  [Li et al. 2019] T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar,
-    V. Smith. FedDANE: A Federated Newton-Type Method. Asilomar 2019.
-  [Wang et al. 2020] J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor.
-    Tackling the Objective Inconsistency Problem in Heterogeneous Federated
-    Optimization. NeurIPS 2020.
+  [Karimireddy et al. 2020] SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. ICML 2020.
+  [Acar et al. 2021] Federated Learning Based on Dynamic Regularization. ICLR 2021.
+  [Li et al. 2019] FedDANE: A Federated Newton-Type Method. Asilomar 2019.
+  [Wang et al. 2020] Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization.
 """
 
 from __future__ import annotations
@@ -498,7 +479,11 @@ SPECS["scaffold"] = AlgorithmSpec(
 )
 SPECS["fednova"] = AlgorithmSpec(
     lambda engine, options: fednova(
-        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"], **_shared(engine)
+        engine.task,
+        engine.local,
+        engine.clients_per_round,
+        stragglers=options["stragglers"],
+        **_shared(engine),
     ),
     "FedNova (Wang et al. 2020): updates normalized by each client's local steps; keeps stragglers' work",
     options={"stragglers": 0.0},

@@ -26,9 +26,7 @@ on device, split over devices or in host memory like personal models, and
 checkpointed with the state.
 
 References:
-  [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
-    Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
-    Averaging for Federated Learning. ICML 2020.
+  [Karimireddy et al. 2020] SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. ICML 2020.
 """
 
 from __future__ import annotations
@@ -87,7 +85,9 @@ def scaffold(
       ValueError: an unknown control option.
     """
     if control_option not in CONTROL_OPTIONS:
-        raise ValueError(f"scaffold_option must be 1 or 2 (the paper's Option I or II), got {control_option!r}")
+        raise ValueError(
+            f"scaffold_option must be 1 or 2 (the paper's Option I or II), got {control_option!r}"
+        )
 
     def correction(state: ServerState, rows: Params, cohort: Cohort, data: CohortData) -> Params:
         del cohort, data  # Unused: c - c_i for each cohort client.

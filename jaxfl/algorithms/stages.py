@@ -33,9 +33,7 @@ strategy, the fused kernel, host residency, one pass or two) is the
 `strategy`'s, never a stage's.
 
 References:
-  [Karimireddy et al. 2020] S. P. Karimireddy, S. Kale, M. Mohri, S. J.
-    Reddi, S. U. Stich, A. T. Suresh. SCAFFOLD: Stochastic Controlled
-    Averaging for Federated Learning. ICML 2020.
+  [Karimireddy et al. 2020] SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. ICML 2020.
 """
 
 from __future__ import annotations

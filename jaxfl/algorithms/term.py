@@ -24,10 +24,8 @@ the normalized form, without the running normalizer of the authors' code
 sum(alpha): FedAvg.
 
 References:
-  [Li et al. 2021] T. Li, A. Beirami, M. Sanjabi, V. Smith. Tilted
-    Empirical Risk Minimization. ICLR 2021.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li et al. 2021] Tilted Empirical Risk Minimization. ICLR 2021.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -36,12 +36,8 @@ as these but cannot be reproduced bit for bit, and no attempt is made to.
 Each partitioner's docstring names the procedure it follows and its source.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Yurochkin et al. 2019] M. Yurochkin, M. Agarwal, S. Ghosh,
-    K. Greenewald, N. Hoang, Y. Khazaeni. Bayesian Nonparametric Federated
-    Learning of Neural Networks. ICML 2019.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Yurochkin et al. 2019] Bayesian Nonparametric Federated Learning of Neural Networks. ICML 2019.
   [Hsu et al. 2019] T.-M. H. Hsu, H. Qi, M. Brown. Measuring the Effects of
     Non-Identical Data Distribution for Federated Visual Classification.
     arXiv preprint, 2019.

@@ -14,9 +14,7 @@ converted once into the cache (`jaxfl.data.cache`) and memory-mapped
 (`jaxfl.data.datasets`). `tfds:NAME` reads any prepared TFDS dataset.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ keeps all clients on both sides: the family's selection/evaluation parts, and
 the personal test data of `--client-split` (client k on both sides).
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations

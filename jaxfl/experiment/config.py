@@ -6,14 +6,9 @@ config-file keys and the validation, so the three never disagree. Errors are
 allowed; the CLI prints it and exits with status 2.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations
@@ -246,7 +241,8 @@ class RunConfig:
     )
     perfedavg_alpha: float = _field(
         0.01, "perfedavg, qmaml: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML "
-        "objective trains for (for perfedavg, also what makes each client's personal model after training)", low=0.0, low_open=True,
+        "objective trains for (for perfedavg, also what makes each client's personal model after training)",
+        low=0.0, low_open=True,
     )
     perfedavg_delta: float = _field(
         1e-3, "perfedavg: delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
@@ -758,7 +754,7 @@ _DELTAFL_DP_WRAP_DELTA = 1e-6
 
 
 def full_batch_only(config: RunConfig) -> bool:
-    """Whether every algorithm of the run takes one full-batch step per client (batch size and epochs unused)."""
+    """Whether every algorithm of the run takes one full-batch step per client (no batch size, no epochs)."""
     return all(
         name in ("fedsgd", "qmaml") or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
         for name in config.algorithms

@@ -16,8 +16,7 @@ Needs a dataset whose validation and test client k are training client k
 `fashion-mnist` with `partition=ditto`).
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -7,20 +7,11 @@ numbers come from, and docs/tasks.md lists what each preset reproduces and
 how closely.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
-    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
-    Optimization. ICLR 2021.
-  [Caldas et al. 2018] S. Caldas, S. M. K. Duddu, P. Wu, T. Li, J. Konečný,
-    H. B. McMahan, V. Smith, A. Talwalkar. LEAF: A Benchmark for Federated
-    Settings. arXiv preprint, 2018.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Reddi et al. 2021] Adaptive Federated Optimization. ICLR 2021.
+  [Caldas et al. 2018] LEAF: A Benchmark for Federated Settings. arXiv preprint, 2018.
   [Hsu et al. 2019] T.-M. H. Hsu, H. Qi, M. Brown. Measuring the Effects of
     Non-Identical Data Distribution for Federated Visual Classification.
     arXiv preprint, 2019.

@@ -38,9 +38,7 @@ plotted numbers without drawing. Figures are drawn on matplotlib `Figure`
 objects with the Agg renderer, leaving pyplot's global state alone.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
 """
 
 from __future__ import annotations

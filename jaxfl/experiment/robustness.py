@@ -17,8 +17,7 @@ their mean, fairness = their spread: Li 2023, Section 5.3 and Definitions 1
 and 2); `clients.csv` marks the corrupted ones.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Per-example losses and errors of a classifier's logits.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 import jax

@@ -6,14 +6,9 @@ kept as a plain nested dict (a pytree optax and `jax.tree` handle directly),
 and `apply(params, x)` merges them back inside the traced function.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Joulin et al. 2017] A. Joulin, E. Grave, P. Bojanowski, T. Mikolov. Bag of
-    Tricks for Efficient Text Classification. EACL 2017.
-  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
-    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
-    Optimization. ICLR 2021.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Joulin et al. 2017] Bag of Tricks for Efficient Text Classification. EACL 2017.
+  [Reddi et al. 2021] Adaptive Federated Optimization. ICLR 2021.
 """
 
 from __future__ import annotations

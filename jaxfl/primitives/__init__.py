@@ -5,12 +5,8 @@ from Pillutla et al. 2023 and Laguel et al. 2020. See docs/primitives.md for
 the semantics, edge cases and paper references.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
-    Device Heterogeneity in Federated Learning: A Superquantile Approach.
-    arXiv preprint, 2020.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [Laguel et al. 2020] Device Heterogeneity in Federated Learning: A Superquantile Approach.
 """
 
 from jaxfl.primitives.discrete_gaussian import discrete_gaussian

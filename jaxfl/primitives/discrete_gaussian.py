@@ -1,8 +1,7 @@
 """Samples of the discrete Gaussian distribution N_Z(0, sigma^2).
 
 References:
-  [CKS20] C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for
-    Differential Privacy. NeurIPS 2020 (arXiv:2004.00010), Algorithms 2-3.
+  [CKS20] The Discrete Gaussian for Differential Privacy. NeurIPS 2020 (arXiv:2004.00010), Algorithms 2-3.
   [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
     Federated Learning with Superquantile Aggregation for Heterogeneous
     Data. Machine Learning, 2023, Appendix B.1 (definition).

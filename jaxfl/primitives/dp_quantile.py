@@ -17,8 +17,7 @@ References:
     Federated Learning with Superquantile Aggregation for Heterogeneous
     Data. Machine Learning, 2023: Algorithm 2, eq. 8, Theorem 6 and
     Appendix B.
-  [KLS21] P. Kairouz, Z. Liu, T. Steinke. The Distributed Discrete Gaussian
-    Mechanism for Federated Learning with Secure Aggregation. ICML 2021.
+  [KLS21] The Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation.
 """
 
 from __future__ import annotations

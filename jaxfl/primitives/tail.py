@@ -27,15 +27,12 @@ Shared conventions (each docstring repeats what applies to it):
   al. 2023, Proposition 3(c).
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
   [Laguel et al. 2020] Y. Laguel, K. Pillutla, J. Malick, Z. Harchaoui.
     Device Heterogeneity in Federated Learning: A Superquantile Approach.
     arXiv preprint, 2020 (the weighted superquantile with data weights
     alpha_k: Property 2 and eq. 2).
-  [TERM] T. Li, A. Beirami, M. Sanjabi, V. Smith. Tilted Empirical Risk
-    Minimization. ICLR 2021.
+  [TERM] Tilted Empirical Risk Minimization. ICLR 2021.
 """
 
 from __future__ import annotations

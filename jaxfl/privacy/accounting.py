@@ -80,22 +80,13 @@ reveal whether a client was sampled).
 Everything here is host-side Python (float64), outside the compiled round.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [WBK19] Y.-X. Wang, B. Balle, S. Kasiviswanathan. Subsampled Renyi
-    Differential Privacy and Analytical Moments Accountant. AISTATS 2019.
-  [Bun and Steinke 2016] M. Bun, T. Steinke. Concentrated Differential
-    Privacy: Simplifications, Extensions, and Lower Bounds. TCC 2016.
-  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
-    Learning Differentially Private Recurrent Language Models. ICLR 2018.
-  [Mironov et al. 2019] I. Mironov, K. Talwar, L. Zhang. Renyi Differential
-    Privacy of the Sampled Gaussian Mechanism. arXiv preprint, 2019.
-  [van Erven and Harremoes 2014] T. van Erven, P. Harremoes. Renyi
-    Divergence and Kullback-Leibler Divergence. IEEE Transactions on
-    Information Theory, 2014.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [WBK19] Subsampled Renyi Differential Privacy and Analytical Moments Accountant. AISTATS 2019.
+  [Bun and Steinke 2016] Concentrated Differential Privacy: Simplifications, Extensions, and Lower Bounds.
+  [McMahan et al. 2018] Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Mironov et al. 2019] Renyi Differential Privacy of the Sampled Gaussian Mechanism. arXiv preprint, 2019.
+  [van Erven and Harremoes 2014] Renyi Divergence and Kullback-Leibler Divergence.
 """
 
 from __future__ import annotations

@@ -21,11 +21,8 @@ Randomness: one key per round (from the round's server key), split into one
 key per leaf of the model; never reused across rounds or leaves.
 
 References:
-  [Pillutla et al. 2023] K. Pillutla, Y. Laguel, J. Malick, Z. Harchaoui.
-    Federated Learning with Superquantile Aggregation for Heterogeneous
-    Data. Machine Learning, 2023.
-  [McMahan et al. 2018] H. B. McMahan, D. Ramage, K. Talwar, L. Zhang.
-    Learning Differentially Private Recurrent Language Models. ICLR 2018.
+  [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
+  [McMahan et al. 2018] Learning Differentially Private Recurrent Language Models. ICLR 2018.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ The pieces every algorithm of the FedAvg family shares, so that algorithms
 differ only in how they weight and combine client results.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
 """
 
 from __future__ import annotations

@@ -22,16 +22,10 @@ Files (the format is recognized by name):
   or TFF's `fed_cifar100_{train,test}.h5` / `cifar100.sqlite[.lzma]`.
 
 References:
-  [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous
-    Networks. PhD thesis, Carnegie Mellon University (CMU-CS-23-127), 2023.
-  [Xiao et al. 2017] H. Xiao, K. Rasul, R. Vollgraf. Fashion-MNIST: a Novel
-    Image Dataset for Benchmarking Machine Learning Algorithms. arXiv
-    preprint, 2017.
-  [Krizhevsky 2009] A. Krizhevsky. Learning Multiple Layers of Features
-    from Tiny Images. Technical report, University of Toronto, 2009.
-  [Reddi et al. 2021] S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett,
-    K. Rush, J. Konečný, S. Kumar, H. B. McMahan. Adaptive Federated
-    Optimization. ICLR 2021.
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Xiao et al. 2017] Fashion-MNIST: a Novel Image Dataset for Benchmarking Machine Learning Algorithms.
+  [Krizhevsky 2009] Learning Multiple Layers of Features from Tiny Images.
+  [Reddi et al. 2021] Adaptive Federated Optimization. ICLR 2021.
 """
 
 from __future__ import annotations
