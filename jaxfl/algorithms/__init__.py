@@ -24,15 +24,26 @@ from jaxfl.algorithms.registry import (
     build_algorithm,
     hparam_fields,
 )
-from jaxfl.algorithms.round_template import (
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     Aggregation,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
-    weighted_averaging_algorithm,
+    PersonalStage,
+    RoundOptions,
+    SelectStage,
+    compose_round,
 )
 from jaxfl.algorithms.term import term
 
 __all__ = [
+    "AggregateStage",
+    "ClientUpdateStage",
+    "PersonalStage",
+    "RoundOptions",
+    "SelectStage",
+    "compose_round",
     "ALGORITHMS",
     "SPECS",
     "Aggregation",
@@ -57,5 +68,4 @@ __all__ = [
     "qffl",
     "server_optimizer",
     "term",
-    "weighted_averaging_algorithm",
 ]

@@ -45,21 +45,25 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax.numpy as jnp
-import optax
 from optax.projections import projection_simplex
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import (
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     Aggregation,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
-    Robustness,
-    weighted_averaging_algorithm,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+    uniform_weights,
 )
 from jaxfl.training.cohort import CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 
@@ -91,10 +95,7 @@ def afl(
     local: LocalTraining,
     clients_per_round: int,
     num_clients: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """AFL by stochastic gradient descent-ascent (see the module docstring).
 
@@ -105,9 +106,6 @@ def afl(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
       num_clients: N, the training clients the mixture is over; the round
         must be given a population of that size.
 
@@ -118,6 +116,10 @@ def afl(
       ValueError: num_clients < clients_per_round (at build time), or a
         population of another size (in the round).
     """
+    def uniform_mixture(params) -> dict:
+        del params  # Unused: lambda starts uniform over the N clients.
+        return {"lambda": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)}
+
     if num_clients < clients_per_round:
         raise ValueError(
             f"afl: num_clients={num_clients} is below "
@@ -153,29 +155,15 @@ def afl(
             metrics,
         )
 
-    algorithm = weighted_averaging_algorithm(
+    return compose_round(
         "afl",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting="uniform",
-        with_initial_loss=True,
-        aggregate=aggregate,
-        extra_hparam_defaults={"afl_lambda_lr": 0.01},
-        init_extra=lambda params: {
-            "lambda": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32)
-        },
-        robustness=robustness,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(local=local, reports_initial_loss=True),
+        aggregate=AggregateStage(
+            aggregate=aggregate, hparam_defaults={"afl_lambda_lr": 0.01}, init=uniform_mixture
+        ),
+        num_clients=num_clients,
+        **uniform_weights("afl", options),
     )
-
-    def round_fn(state, population, key):
-        if population.num_clients != num_clients:
-            raise ValueError(
-                f"afl was built for {num_clients} training clients, got a "
-                f"population of {population.num_clients}"
-            )
-        return algorithm.round(state, population, key)
-
-    return algorithm._replace(round=round_fn)

@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import PersonalStage, compose_round
+from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.training.cohort import client_rows, train_client_rows
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss, sgd_update
 from jaxfl.training.strategies import ClientStrategy
@@ -197,13 +197,5 @@ def apfl(
         return client_mixtures(state.clients["alpha"], state.clients["local"], state.params)
 
     personal = PersonalStage(personal_update, init_row=init_row, hparam_defaults=APFL_HPARAM_DEFAULTS)
-    algorithm = compose_round(
-        **{
-            **composition._asdict(),
-            "name": name,
-            "num_clients": num_clients,
-            "rows_are_models": True,
-            "personal": personal,
-        }
-    )
+    algorithm = composition.rebuilt(name=name, num_clients=num_clients, rows_are_models=True, personal=personal)
     return algorithm._replace(personal_models=personal_models)

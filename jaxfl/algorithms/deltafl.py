@@ -83,12 +83,21 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import ClientPlan, Cohort, Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientPlan,
+    ClientUpdateStage,
+    Cohort,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.primitives import (
     dp_quantile,
     smoothed_superquantile_weights,
@@ -96,7 +105,6 @@ from jaxfl.primitives import (
     tail_threshold,
 )
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 REWEIGHTINGS = ("threshold", "exact", "dp", "smoothed")
@@ -152,14 +160,11 @@ def deltafl(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     reweighting: str = "exact",
     filtering: str = "server",
     dp_bins: int = 32,
     dp_bits: int = 32,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """Delta-FL (see the module docstring).
 
@@ -175,15 +180,13 @@ def deltafl(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       reweighting: 'threshold', 'exact', 'dp' or 'smoothed' (static).
       filtering: 'server' or 'client' (client self-filtering; needs a
         threshold: 'threshold' or 'dp').
       dp_bins: b, number of histogram bins for 'dp', a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -269,22 +272,24 @@ def deltafl(
             metrics={"threshold": threshold, "threshold_recomputed": recompute},
         )
 
-    return weighted_averaging_algorithm(
+    return compose_round(
         "deltafl",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        plan=plan,
-        plan_uses_loss=True,
-        plan_selects_only=True,
-        extra_hparam_defaults=defaults,
-        init_extra=(
-            (lambda params: {"threshold": jnp.full((), jnp.nan, jnp.float32)})
-            if uses_threshold
-            else (lambda params: ())
+        select=SelectStage(
+            plan=plan,
+            reads_initial_loss=True,
+            weights_only=True,
+            hparam_defaults=defaults,
+            init=initial_threshold if uses_threshold else SelectStage().init,
         ),
-        robustness=robustness,
+        client_update=ClientUpdateStage(local=local),
+        aggregate=AggregateStage(),
+        **options,
     )
+
+
+def initial_threshold(params) -> dict:
+    """No threshold yet (NaN): the first round computes one."""
+    del params  # Unused.
+    return {"threshold": jnp.full((), jnp.nan, jnp.float32)}

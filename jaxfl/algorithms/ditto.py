@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.stages import PersonalStage, compose_round
+from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import train_client_rows, update_personal_models
 from jaxfl.training.local import (
@@ -243,15 +243,7 @@ def ditto(
         return clients, trained["loss"]
 
     personal = PersonalStage(personal_update, init_row=_initial_model, hparam_defaults=DITTO_HPARAM_DEFAULTS)
-    return compose_round(
-        **{
-            **composition._asdict(),
-            "name": name,
-            "num_clients": num_clients,
-            "rows_are_models": True,
-            "personal": personal,
-        }
-    )
+    return composition.rebuilt(name=name, num_clients=num_clients, rows_are_models=True, personal=personal)
 
 
 def _initial_model(params: Params, hparams) -> Params:

@@ -65,20 +65,24 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.deltafl import client_passes
 from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS
-from jaxfl.algorithms.round_template import (
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     Aggregation,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
-    Robustness,
-    weighted_averaging_algorithm,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+    uniform_weights,
 )
 from jaxfl.primitives import dp_quantile
 from jaxfl.primitives.dp_quantile import check_modulus
@@ -86,7 +90,6 @@ from jaxfl.privacy.budget import NOISE_MULTIPLIER, QUANTILE_SIGMA
 from jaxfl.privacy.noise import noisy_clipped_sum
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 COUNTS = ("fixed", "exact")
@@ -97,13 +100,11 @@ def dp_deltafl(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
     dp_bins: int = 32,
     dp_bits: int = 32,
     dp_scale: int = 10,
     count: str = "fixed",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """DP Delta-FL, Pillutla et al. 2023, Algorithm 4 (see the module docstring).
 
@@ -111,9 +112,6 @@ def dp_deltafl(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: m, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
       dp_bins: b, histogram bins, a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
       dp_scale: c, the integer scale of the histograms, >= 1.
@@ -210,17 +208,12 @@ def dp_deltafl(
         **DP_HPARAM_DEFAULTS,
         QUANTILE_SIGMA: math.nan,
     }
-    return weighted_averaging_algorithm(
+    return compose_round(
         "dp-deltafl",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting="uniform",
-        plan=plan,
-        plan_uses_loss=True,
-        aggregate=aggregate,
-        extra_hparam_defaults=defaults,
-        robustness=robustness,
+        select=SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=defaults),
+        client_update=ClientUpdateStage(local=local),
+        aggregate=AggregateStage(aggregate=aggregate),
+        **uniform_weights("dp-deltafl", options),
     )

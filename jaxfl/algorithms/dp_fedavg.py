@@ -42,24 +42,27 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import (
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     Aggregation,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
-    Robustness,
-    weighted_averaging_algorithm,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+    uniform_weights,
 )
 from jaxfl.privacy.budget import NOISE_MULTIPLIER
 from jaxfl.privacy.noise import noisy_clipped_sum
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 DP_HPARAM_DEFAULTS = {"clip_norm": 1.0, NOISE_MULTIPLIER: math.nan}
@@ -69,10 +72,7 @@ def dp_fedavg(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """DP-FedAvg (see the module docstring).
 
@@ -80,9 +80,6 @@ def dp_fedavg(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: m, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
 
     Returns:
       The `FederatedAlgorithm`.
@@ -114,15 +111,12 @@ def dp_fedavg(
             mean_delta, everyone.astype(jnp.float32), state.extra, metrics
         )
 
-    return weighted_averaging_algorithm(
+    return compose_round(
         "dp-fedavg",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting="uniform",
-        aggregate=aggregate,
-        extra_hparam_defaults=DP_HPARAM_DEFAULTS,
-        robustness=robustness,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(local=local),
+        aggregate=AggregateStage(aggregate=aggregate, hparam_defaults=DP_HPARAM_DEFAULTS),
+        **uniform_weights("dp-fedavg", options),
     )

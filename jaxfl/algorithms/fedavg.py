@@ -17,8 +17,8 @@ train and get zero weight (FedProx keeps their partial work,
 `jaxfl.algorithms.fedprox`). With `stragglers` = 0 (the default) none of this
 is in the compiled round.
 
-Built on the round template every algorithm shares
-(`jaxfl.algorithms.round_template`).
+Composed of the round's stages (`jaxfl.algorithms.stages`): the straggler
+plan as its select stage, plain local SGD, the weighted mean.
 
 References:
   [McMahan et al. 2017] Communication-Efficient Learning of Deep Networks from Decentralized Data.
@@ -28,9 +28,10 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import (
@@ -39,28 +40,20 @@ from jaxfl.algorithms.plans import (
     num_stragglers,
     random_subset_mask,
 )
-from jaxfl.algorithms.round_template import (
-    LOCAL_HPARAM_DEFAULTS,
-    Aggregation,
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
     Plan,
-    Robustness,
-    weighted_averaging_algorithm,
+    RoundOptions,
+    SelectStage,
+    compose_round,
 )
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
-__all__ = [
-    "LOCAL_HPARAM_DEFAULTS",
-    "Aggregation",
-    "ClientPlan",
-    "Cohort",
-    "fedavg",
-    "straggler_plan",
-    "weighted_averaging_algorithm",
-]
+__all__ = ["fedavg", "straggler_plan"]
 
 
 def straggler_plan(
@@ -109,11 +102,8 @@ def fedavg(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     stragglers: float = 0.0,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """Federated averaging (see the module docstring).
 
@@ -121,26 +111,20 @@ def fedavg(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction of each cohort that straggles and is dropped
         (static; 0 compiles plain FedAvg).
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
     """
-    return weighted_averaging_algorithm(
+    return compose_round(
         "fedavg",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        plan=straggler_plan(
-            clients_per_round, stragglers, local.num_epochs, keep=False
-        ),
-        robustness=robustness,
+        select=SelectStage(plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)),
+        client_update=ClientUpdateStage(local=local),
+        aggregate=AggregateStage(),
+        **options,
     )

@@ -19,14 +19,22 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import random_subset_mask
-from jaxfl.algorithms.round_template import ClientPlan, Cohort, Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientPlan,
+    ClientUpdateStage,
+    Cohort,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 
@@ -39,11 +47,7 @@ def fedavg_sub(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedAvg-Sub (see the module docstring).
 
@@ -54,10 +58,8 @@ def fedavg_sub(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -67,15 +69,12 @@ def fedavg_sub(
         size = subcohort_size(state.hparams["theta"], clients_per_round)
         return ClientPlan(active=random_subset_mask(key, cohort.client_ids, size))
 
-    return weighted_averaging_algorithm(
+    return compose_round(
         "fedavg-sub",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        plan=plan,
-        extra_hparam_defaults={"theta": 0.5},
-        robustness=robustness,
+        select=SelectStage(plan=plan, hparam_defaults={"theta": 0.5}),
+        client_update=ClientUpdateStage(local=local),
+        aggregate=AggregateStage(),
+        **options,
     )

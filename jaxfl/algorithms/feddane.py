@@ -33,21 +33,21 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.stages import (
     AggregateStage,
     ClientUpdateStage,
     Cohort,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
 )
 from jaxfl.training.cohort import CohortData, cohort_gradients, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params
 
 
@@ -55,13 +55,10 @@ def feddane(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedDane (see the module docstring)."""
+    strategy = options["strategy"]
 
     def correction(state: ServerState, rows, cohort: Cohort, data: CohortData) -> Params:
         del rows  # FedDane keeps no per-client state.
@@ -73,14 +70,12 @@ def feddane(
         "feddane",
         task,
         clients_per_round,
-        select=SelectStage(client_weighting=client_weighting),
+        select=SelectStage(),
         client_update=ClientUpdateStage(
             local=local, proximal="mu", correction=correction, hparam_defaults={"mu": 0.01}
         ),
         aggregate=AggregateStage(),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
+        **options,
     )
 
 

@@ -29,9 +29,10 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.stages import (
@@ -40,7 +41,7 @@ from jaxfl.algorithms.stages import (
     ClientPlan,
     ClientUpdateStage,
     Cohort,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
     default_weights,
@@ -48,7 +49,6 @@ from jaxfl.algorithms.stages import (
 )
 from jaxfl.training.cohort import CohortData, CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Params
 
 FEDDYN_HPARAM_DEFAULTS = {"feddyn_alpha": 0.01}
@@ -64,11 +64,7 @@ def feddyn(
     local: LocalTraining,
     clients_per_round: int,
     num_clients: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedDyn (see the module docstring); its state's `extra` is h and `clients` the g_k."""
 
@@ -101,7 +97,7 @@ def feddyn(
         "feddyn",
         task,
         clients_per_round,
-        select=SelectStage(client_weighting=client_weighting),
+        select=SelectStage(),
         client_update=ClientUpdateStage(
             local=local,
             proximal="feddyn_alpha",
@@ -111,8 +107,6 @@ def feddyn(
             hparam_defaults=FEDDYN_HPARAM_DEFAULTS,
         ),
         aggregate=AggregateStage(aggregate=aggregate, init=zeros_row),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
         num_clients=num_clients,
+        **options,
     )

@@ -25,9 +25,10 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedavg import straggler_plan
@@ -37,14 +38,13 @@ from jaxfl.algorithms.stages import (
     ClientPlan,
     ClientUpdateStage,
     Cohort,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
     default_weights,
 )
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 
@@ -74,11 +74,8 @@ def fednova(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     stragglers: float = 0.0,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedNova (see the module docstring).
 
@@ -102,11 +99,8 @@ def fednova(
         clients_per_round,
         select=SelectStage(
             plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True),
-            client_weighting=client_weighting,
         ),
         client_update=ClientUpdateStage(local=local),
         aggregate=AggregateStage(aggregate=normalized_averaging),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
+        **options,
     )

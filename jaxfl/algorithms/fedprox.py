@@ -25,13 +25,18 @@ References:
 
 from __future__ import annotations
 
-import optax
+from typing import Unpack
 
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientUpdateStage,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 
 
 def fedprox(
@@ -39,11 +44,8 @@ def fedprox(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     stragglers: float = 0.0,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedProx (see the module docstring).
 
@@ -54,11 +56,9 @@ def fedprox(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction in [0, 1) of each cohort that straggles (static).
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -67,16 +67,12 @@ def fedprox(
       ValueError: stragglers outside [0, 1), or stragglers > 0 with fewer
         than 2 local epochs (a straggler runs 1..E-1 epochs).
     """
-    return weighted_averaging_algorithm(
+    return compose_round(
         "fedprox",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True),
-        proximal=True,
-        extra_hparam_defaults={"mu": 0.01},
-        robustness=robustness,
+        select=SelectStage(plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True)),
+        client_update=ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
+        aggregate=AggregateStage(),
+        **options,
     )

@@ -21,13 +21,18 @@ References:
 
 from __future__ import annotations
 
-import optax
+from typing import Unpack
 
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientUpdateStage,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 
 
 def full_batch_step(population: ClientPopulation) -> LocalTraining:
@@ -38,32 +43,25 @@ def full_batch_step(population: ClientPopulation) -> LocalTraining:
 def fedsgd(
     task: Task,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """FedSGD (see the module docstring).
 
     Args:
       task: model and loss.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
     """
-    return weighted_averaging_algorithm(
+    return compose_round(
         "fedsgd",
         task,
-        full_batch_step,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        robustness=robustness,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(local=full_batch_step),
+        aggregate=AggregateStage(),
+        **options,
     )

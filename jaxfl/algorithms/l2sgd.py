@@ -44,7 +44,7 @@ from jaxfl.algorithms.base import (
     resolve_hparams,
     tree_norm,
 )
-from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
+from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.client_state import GatheredClientRows
 from jaxfl.training.cohort import initial_client_models, round_keys, select_cohort, update_personal_models

@@ -49,9 +49,10 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.apfl import client_mixtures, mixture
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
@@ -60,7 +61,7 @@ from jaxfl.algorithms.stages import (
     AggregateStage,
     ClientUpdateStage,
     PersonalStage,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
 )
@@ -75,7 +76,6 @@ from jaxfl.training.local import (
     minibatch_loss,
     sgd_update,
 )
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params
 
 MAPPER_CANDIDATES = (0.25, 0.5, 0.75)
@@ -107,11 +107,8 @@ def mapper(
     clients_per_round: int,
     num_clients: int,
     *,
-    strategy: ClientStrategy,
     candidates: tuple[float, ...] = MAPPER_CANDIDATES,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """Mapper (module docstring).
 
@@ -120,11 +117,9 @@ def mapper(
       local: the static local-training shape (both passes).
       clients_per_round: M.
       num_clients: N, the training clients (rows of the local models).
-      strategy: how the cohort's clients are laid out.
       candidates: the mixing weights each sampled client tries, in [0, 1].
-      robustness: the run's update attack and aggregator (the round template's).
-      server_tx: server optimizer.
-      client_weighting: 'num_examples' or 'uniform' aggregation weights.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`; its state's `clients` holds
@@ -134,6 +129,7 @@ def mapper(
     Raises:
       ValueError: num_clients < 1, no candidates, or a candidate outside [0, 1].
     """
+    strategy = options["strategy"]
     if num_clients < 1:
         raise ValueError(f"mapper needs num_clients >= 1, got {num_clients}")
     if not candidates:
@@ -187,15 +183,13 @@ def mapper(
         "mapper",
         task,
         clients_per_round,
-        select=SelectStage(client_weighting=client_weighting),
+        select=SelectStage(),
         client_update=ClientUpdateStage(local=local, step=global_step, step_reads_rows=True),
         aggregate=AggregateStage(),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
         num_clients=num_clients,
         rows_are_models=True,
         personal=PersonalStage(search, init_row=_initial_row),
+        **options,
     )
     return algorithm._replace(personal_models=personal_models)
 

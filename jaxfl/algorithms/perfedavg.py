@@ -43,13 +43,19 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientUpdateStage,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import (
     LocalHParams,
@@ -94,11 +100,7 @@ def perfedavg(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """Per-FedAvg (HF) (module docstring); its `personalize` makes the personal models."""
 
@@ -107,21 +109,20 @@ def perfedavg(
             task, hparams, state_hparams["perfedavg_alpha"], state_hparams["perfedavg_delta"]
         )
 
-    algorithm = weighted_averaging_algorithm(
+    algorithm = compose_round(
         "perfedavg",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        extra_hparam_defaults=PERFEDAVG_HPARAM_DEFAULTS,
-        robustness=robustness,
-        local_step=local_step,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(
+            local=local, step=local_step, hparam_defaults=PERFEDAVG_HPARAM_DEFAULTS
+        ),
+        aggregate=AggregateStage(),
+        **options,
     )
 
     def personalize(state: ServerState, population: ClientPopulation) -> Params:
-        return adapted_models(task, strategy, state.params, population, state.hparams["perfedavg_alpha"])
+        return adapted_models(task, options["strategy"], state.params, population, state.hparams["perfedavg_alpha"])
 
     return algorithm._replace(personalize=personalize)
 

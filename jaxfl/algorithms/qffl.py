@@ -45,22 +45,25 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
 from jaxfl.algorithms.fedsgd import full_batch_step
-from jaxfl.algorithms.round_template import (
+from jaxfl.algorithms.stages import (
+    AggregateStage,
     Aggregation,
     ClientPlan,
+    ClientUpdateStage,
     Cohort,
-    Robustness,
-    weighted_averaging_algorithm,
+    RoundOptions,
+    SelectStage,
+    compose_round,
 )
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Params
 
 VARIANTS = ("fedavg", "fedsgd")
@@ -115,13 +118,10 @@ def qffl(
     local: LocalTraining,
     clients_per_round: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     variant: str = "fedavg",
     q: float = 1.0,
     name: str = "qffl",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """q-FedAvg or q-FedSGD (see the module docstring).
 
@@ -132,14 +132,12 @@ def qffl(
       local: static local-training shape (q-FedAvg only: q-FedSGD's local
         step is one full-batch step).
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       variant: 'fedavg' (q-FedAvg, thesis Algorithm 4) or 'fedsgd'
         (q-FedSGD, Algorithm 3).
       q: the default of the hyperparameter q.
       name: registry name.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -166,16 +164,14 @@ def qffl(
         metrics = {"step_scale": jnp.sum(coefficients)}
         return Aggregation(mean_delta, coefficients, state.extra, metrics)
 
-    return weighted_averaging_algorithm(
+    return compose_round(
         name,
         task,
-        full_batch_step if variant == "fedsgd" else local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        with_initial_loss=True,
-        aggregate=aggregate,
-        extra_hparam_defaults={"q": q},
-        robustness=robustness,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(
+            local=full_batch_step if variant == "fedsgd" else local, reports_initial_loss=True
+        ),
+        aggregate=AggregateStage(aggregate=aggregate, hparam_defaults={"q": q}),
+        **options,
     )

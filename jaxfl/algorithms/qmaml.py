@@ -34,10 +34,10 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedsgd import full_batch_step
@@ -48,13 +48,12 @@ from jaxfl.algorithms.stages import (
     ClientPlan,
     ClientUpdateStage,
     Cohort,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
 )
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalHParams, LocalStep, Task, minibatch_loss, sgd_update
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Params
 
 QMAML_HPARAM_DEFAULTS = {"q": 1.0, "perfedavg_alpha": 0.01}
@@ -77,11 +76,7 @@ def meta_step(task: Task, hparams: LocalHParams, eta: jax.Array) -> LocalStep:
 def qmaml(
     task: Task,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """q-MAML (see the module docstring)."""
 
@@ -100,12 +95,10 @@ def qmaml(
         "qmaml",
         task,
         clients_per_round,
-        select=SelectStage(client_weighting=client_weighting),
+        select=SelectStage(),
         client_update=ClientUpdateStage(
             local=full_batch_step, step=local_step, hparam_defaults=QMAML_HPARAM_DEFAULTS
         ),
         aggregate=AggregateStage(aggregate=aggregate),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
+        **options,
     )

@@ -63,8 +63,8 @@ from jaxfl.algorithms.mapper import MAPPER_CANDIDATES, mapper
 from jaxfl.algorithms.perfedavg import perfedavg
 from jaxfl.algorithms.qffl import qffl
 from jaxfl.algorithms.qmaml import qmaml
-from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.scaffold import scaffold
+from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS, Robustness
 from jaxfl.algorithms.term import term
 from jaxfl.data.population import ClientPopulation
 from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget

@@ -31,23 +31,23 @@ References:
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.stages import (
     AggregateStage,
     ClientUpdateStage,
     Cohort,
-    Robustness,
+    RoundOptions,
     SelectStage,
     compose_round,
     zeros_row,
 )
 from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params, PyTree
 
 CONTROL_OPTIONS = (1, 2)
@@ -59,11 +59,8 @@ def scaffold(
     clients_per_round: int,
     num_clients: int,
     *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
     control_option: int = 2,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """SCAFFOLD (see the module docstring).
 
@@ -72,11 +69,9 @@ def scaffold(
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
       num_clients: N, the training clients (each keeps its c_i).
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       control_option: 1 or 2, the paper's Option I or II for c_i+.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`; its state's `extra` is c and `clients` the c_i.
@@ -84,6 +79,7 @@ def scaffold(
     Raises:
       ValueError: an unknown control option.
     """
+    strategy = options["strategy"]
     if control_option not in CONTROL_OPTIONS:
         raise ValueError(
             f"scaffold_option must be 1 or 2 (the paper's Option I or II), got {control_option!r}"
@@ -125,15 +121,13 @@ def scaffold(
         "scaffold",
         task,
         clients_per_round,
-        select=SelectStage(client_weighting=client_weighting),
+        select=SelectStage(),
         client_update=ClientUpdateStage(
             local=local, init_row=zeros_row, correction=correction, finalize=finalize
         ),
         aggregate=AggregateStage(update_state=update_state, init=zeros_row),
-        server=server_tx,
-        strategy=strategy,
-        robustness=robustness,
         num_clients=num_clients,
+        **options,
     )
 
 

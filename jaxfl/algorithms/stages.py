@@ -1,7 +1,7 @@
 """A round as four stages: select, client_update, aggregate, server.
 
-`compose_round(select, client_update, aggregate, server)` builds a
-`FederatedAlgorithm` whose round, with `keys = round_keys(key, state.round)`
+`compose_round(name, task, M, select=..., client_update=..., aggregate=...,
+**options)` builds a `FederatedAlgorithm` whose round, with `keys = round_keys(key, state.round)`
 and `plan_key, aggregate_key = split(keys.server)`, runs
 
 1. **select** (`SelectStage`): samples the cohort (`keys.sampling`) and
@@ -23,14 +23,16 @@ and `plan_key, aggregate_key = split(keys.server)`, runs
    aggregator, `jaxfl.aggregators`, in its place, and the run's update attack
    in front of it, key `fold_in(keys.server, ATTACK_STREAM)`), or the
    stage's own rule (q-FFL, AFL, FedNova, SCAFFOLD's control variates);
-4. **server**: an optax transformation fed -Delta.
+4. **server**: an optax transformation fed -Delta (`options['server_tx']`).
 
 Each stage brings its own numeric hyperparameters and their defaults
 (`hparam_defaults`, traced scalars in `state.hparams`, so sweeps vmap over
 them) and at most one of select and aggregate keeps algorithm state
 (`init`, in `state.extra`). How the round runs on the hardware (the client
 strategy, the fused kernel, host residency, one pass or two) is the
-`strategy`'s, never a stage's.
+`strategy`'s, never a stage's: with the server optimizer, the client
+weighting and the run's robustness it is one of the `RoundOptions` every
+algorithm factory passes through unchanged.
 
 References:
   [Karimireddy et al. 2020] SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. ICML 2020.
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -202,7 +204,6 @@ class SelectStage(NamedTuple):
         F_i(w_t) and train in one pass and apply the plan after: the same
         aggregate. It does where a second pass costs more than the filtered
         clients' training (`single_pass_preferred`).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       hparam_defaults: the stage's numeric hyperparameters.
       init: `params -> ` its initial state (`state.extra`), or () for none.
     """
@@ -210,7 +211,6 @@ class SelectStage(NamedTuple):
     plan: Plan | None = None
     reads_initial_loss: bool = False
     weights_only: bool = False
-    client_weighting: str = "num_examples"
     hparam_defaults: Mapping[str, float] = {}
     init: Callable[[Params], PyTree] = _no_state
 
@@ -304,6 +304,23 @@ class PersonalStage(NamedTuple):
     hparam_defaults: Mapping[str, float] = {}
 
 
+class RoundOptions(TypedDict, total=False):
+    """How a run lays out and adds to any algorithm's round (every factory passes them through).
+
+    Attributes:
+      strategy: how clients are laid out on the hardware (required).
+      robustness: the run's update attack and aggregator, or None.
+      server_tx: the server optimizer (default: SGD with learning rate 1).
+      client_weighting: 'num_examples' (default) or 'uniform' data weights
+        alpha_i of the cohort.
+    """
+
+    strategy: ClientStrategy
+    robustness: Robustness | None
+    server_tx: optax.GradientTransformation | None
+    client_weighting: str
+
+
 class Composition(NamedTuple):
     """What `compose_round` built an algorithm from (`FederatedAlgorithm.composition`), so that
     another algorithm can be built on its stages (Ditto on any global algorithm)."""
@@ -314,12 +331,27 @@ class Composition(NamedTuple):
     select: SelectStage
     client_update: ClientUpdateStage
     aggregate: AggregateStage
-    server: optax.GradientTransformation | None
-    strategy: ClientStrategy
-    robustness: Robustness | None
     num_clients: int | None
     rows_are_models: bool
     personal: PersonalStage | None
+    options: RoundOptions
+
+    def rebuilt(self, **changes) -> FederatedAlgorithm:
+        """`compose_round` of these stages with `changes` (Ditto adds a personal stage)."""
+        fields = {**self._asdict(), **changes}
+        return compose_round(**{k: v for k, v in fields.items() if k != "options"}, **fields["options"])
+
+
+def uniform_weights(name: str, options: RoundOptions) -> RoundOptions:
+    """`options` with uniform client weights, for algorithms defined with them (AFL's mixture, DP's sums).
+
+    Raises:
+      ValueError: the options ask for another weighting.
+    """
+    weighting = options.get("client_weighting", "uniform")
+    if weighting != "uniform":
+        raise ValueError(f"{name} weighs clients uniformly; client_weighting={weighting!r} does not apply")
+    return {**options, "client_weighting": "uniform"}
 
 
 def zeros_row(params: Params, hparams: Mapping[str, jax.Array] | None = None) -> Params:
@@ -344,12 +376,10 @@ def compose_round(
     select: SelectStage,
     client_update: ClientUpdateStage,
     aggregate: AggregateStage,
-    server: optax.GradientTransformation | None = None,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
     num_clients: int | None = None,
     rows_are_models: bool = False,
     personal: PersonalStage | None = None,
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """The `FederatedAlgorithm` whose round runs the four stages (see the module docstring).
 
@@ -358,25 +388,29 @@ def compose_round(
       task: model and loss.
       clients_per_round: M.
       select, client_update, aggregate: the stages.
-      server: the server optimizer (default SGD with learning rate 1).
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
       num_clients: N, needed where `client_update` keeps per-client rows.
       rows_are_models: the per-client rows are the clients' own models,
         evaluated and saved as personal models; False: they are other state
         (SCAFFOLD's c_i), and the algorithm has no personal models.
       personal: a personal stage training per-client models on the round's
         cohort (Ditto), or None.
+      **options: the run's `RoundOptions`: strategy, robustness, server
+        optimizer, client weighting.
 
     Raises:
       ValueError: invalid static settings, or stages that cannot go together.
     """
     if clients_per_round < 1:
         raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-    if select.client_weighting not in ("num_examples", "uniform"):
-        raise ValueError(
-            f"client_weighting must be 'num_examples' or 'uniform', got {select.client_weighting!r}"
-        )
+    unknown = sorted(set(options) - set(RoundOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"compose_round got unknown options {unknown}")
+    if "strategy" not in options:
+        raise TypeError("compose_round needs the client strategy (strategy=...)")
+    strategy = options["strategy"]
+    client_weighting = options.get("client_weighting", "num_examples")
+    if client_weighting not in ("num_examples", "uniform"):
+        raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {client_weighting!r}")
     if aggregate.aggregate is not None and (aggregate.reweight or aggregate.update_state) is not None:
         raise ValueError("an aggregate stage's own rule takes no reweight or update_state")
     if select.reads_initial_loss and select.plan is None:
@@ -384,8 +418,8 @@ def compose_round(
     if select.init is not _no_state and aggregate.init is not _no_state:
         raise ValueError("one stage keeps the algorithm's state: select's or aggregate's, not both")
     composition = Composition(
-        name, task, clients_per_round, select, client_update, aggregate, server, strategy, robustness,
-        num_clients, rows_are_models, personal,
+        name, task, clients_per_round, select, client_update, aggregate, num_clients, rows_are_models,
+        personal, dict(options),
     )  # fmt: skip
     if client_update.init_row is not None and personal is not None:
         raise ValueError(f"{name}: the client update and the personal stage would both keep the client rows")
@@ -393,7 +427,7 @@ def compose_round(
     if init_row is not None and num_clients is None:
         raise ValueError(f"{name} keeps a row per client: give num_clients")
     rows_used = client_update.init_row is not None or client_update.step_reads_rows
-    robustness = robustness or Robustness()
+    robustness = options.get("robustness") or Robustness()
     aggregator = robustness.aggregator
     if aggregator is not None and aggregator.name == "mean":
         aggregator = None  # The round's own weighted mean, bit for bit.
@@ -408,7 +442,7 @@ def compose_round(
         if robustness.attacked is None:
             raise ValueError("an attack needs the corrupted clients (Robustness.attacked)")
         attacked = np.asarray(robustness.attacked, bool)
-    server = server or server_optimizer("sgd", 1.0)
+    server = options.get("server_tx") or server_optimizer("sgd", 1.0)
     defaults = {
         **LOCAL_HPARAM_DEFAULTS,
         **select.hparam_defaults,
@@ -457,6 +491,11 @@ def compose_round(
     def round_fn(
         state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
     ) -> tuple[ServerState, Metrics]:
+        if num_clients is not None and population.num_clients != num_clients:
+            raise ValueError(
+                f"{name} was built for {num_clients} training clients, got a population of "
+                f"{population.num_clients}"
+            )
         if clients_per_round > population.num_clients:
             raise ValueError(
                 f"clients_per_round={clients_per_round} exceeds the "
@@ -468,7 +507,7 @@ def compose_round(
         with jax.named_scope("select"):
             cohort_data = select_cohort(keys.sampling, population, clients_per_round)
             client_ids, data, slots = cohort_data
-            cohort = Cohort(client_ids, data.cohort_weights(select.client_weighting, slots))
+            cohort = Cohort(client_ids, data.cohort_weights(client_weighting, slots))
         single_pass = (
             select.reads_initial_loss and select.weights_only and single_pass_preferred(strategy)
         )

@@ -30,14 +30,19 @@ References:
 
 from __future__ import annotations
 
-import optax
+from typing import Unpack
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.round_template import Robustness, weighted_averaging_algorithm
+from jaxfl.algorithms.stages import (
+    AggregateStage,
+    ClientUpdateStage,
+    RoundOptions,
+    SelectStage,
+    compose_round,
+)
 from jaxfl.primitives import tilted_risk_weights
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key
 
 
@@ -45,11 +50,7 @@ def term(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    *,
-    strategy: ClientStrategy,
-    robustness: Robustness | None = None,
-    server_tx: optax.GradientTransformation | None = None,
-    client_weighting: str = "num_examples",
+    **options: Unpack[RoundOptions],
 ) -> FederatedAlgorithm:
     """Client-level tilted ERM (see the module docstring).
 
@@ -60,10 +61,8 @@ def term(
       task: model and loss.
       local: static local-training shape.
       clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack and aggregator, or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      **options: the run's `RoundOptions`: client strategy (required),
+        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -76,16 +75,12 @@ def term(
         )
         return weights, state.extra, {}
 
-    return weighted_averaging_algorithm(
+    return compose_round(
         "term",
         task,
-        local,
         clients_per_round,
-        strategy=strategy,
-        server_tx=server_tx,
-        client_weighting=client_weighting,
-        with_initial_loss=True,
-        reweight=reweight,
-        extra_hparam_defaults={"tilt": 1.0},
-        robustness=robustness,
+        select=SelectStage(),
+        client_update=ClientUpdateStage(local=local, reports_initial_loss=True),
+        aggregate=AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
+        **options,
     )

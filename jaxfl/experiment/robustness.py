@@ -9,7 +9,7 @@
   before the population is placed (the authors' code poisons labels once at
   load); their test examples stay clean.
 * An update attack forges the corrupted clients' updates inside every
-  compiled round (`jaxfl.algorithms.round_template.Robustness`).
+  compiled round (`jaxfl.algorithms.stages.Robustness`).
 * The aggregator (`--aggregator`) replaces the weighted mean.
 
 Summaries of a run with an attack count the benign clients only (robustness =
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.aggregators import aggregator
-from jaxfl.algorithms.round_template import Robustness
+from jaxfl.algorithms.stages import Robustness
 from jaxfl.attacks import DATA_ATTACKS, corrupted_clients, poison_features
 from jaxfl.data.host import HostPopulation
 from jaxfl.data.population import ClientPopulation, FederatedDataset

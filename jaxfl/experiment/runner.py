@@ -55,10 +55,11 @@ from jaxfl.evaluation.per_client import (
 from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
-# The settings of a built algorithm; also imported from here.
-from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
 from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
+
+# The settings of a built algorithm; also imported from here.
+from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.experiment.robustness import attack_record, run_robustness
 from jaxfl.models.networks import count_parameters, make_model

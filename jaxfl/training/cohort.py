@@ -29,6 +29,7 @@ from jaxfl.training.local import (
     local_sgd,
     minibatch_rows,
 )
+
 # CohortKeys and round_keys are also imported from here.
 from jaxfl.training.sampling import CohortKeys, round_keys, sample_without_replacement  # noqa: F401
 from jaxfl.training.strategies import ClientStrategy, map_clients

@@ -79,7 +79,7 @@ def test_l2sgd_refuses_robust_aggregators_and_update_attacks():
     from jaxfl.aggregators import median
     from jaxfl.algorithms.base import server_optimizer
     from jaxfl.algorithms.registry import Engine, build_algorithm
-    from jaxfl.algorithms.round_template import Robustness
+    from jaxfl.algorithms.stages import Robustness
 
     engine = Engine(TASK, LOCAL, M, ClientStrategy("vmap"), server_optimizer("sgd"), "num_examples",
                     num_clients=N, robustness=Robustness(aggregator=median()))

@@ -6,7 +6,14 @@ import functools
 import jax
 import numpy as np
 import pytest
-from algorithms.reference_rounds import POPULATION, TASK, _epoch_orders, _sample_cohort, initial_params, run_rounds
+from algorithms.reference_rounds import (
+    POPULATION,
+    TASK,
+    _epoch_orders,
+    _sample_cohort,
+    initial_params,
+    run_rounds,
+)
 from reference import softmax_regression_grad
 
 from jaxfl.algorithms.qmaml import qmaml

@@ -15,7 +15,7 @@ from jaxfl.algorithms import (
     hparam_fields,
     server_optimizer,
 )
-from jaxfl.algorithms.round_template import LOCAL_HPARAM_DEFAULTS
+from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
 from jaxfl.experiment.config import FIELDS, RunConfig, make_config
 from jaxfl.experiment.runner import (
     algorithm_hparams,

@@ -27,7 +27,7 @@ from reference import local_sgd_reference
 from jaxfl.aggregators import aggregator
 from jaxfl.algorithms import deltafl, fedavg, qffl
 from jaxfl.algorithms.ditto import ditto
-from jaxfl.algorithms.round_template import Robustness
+from jaxfl.algorithms.stages import Robustness
 from jaxfl.training import ClientStrategy
 from jaxfl.training.cohort import round_keys
 
