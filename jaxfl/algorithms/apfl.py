@@ -197,5 +197,7 @@ def apfl(
         return client_mixtures(state.clients["alpha"], state.clients["local"], state.params)
 
     personal = PersonalStage(personal_update, init_row=init_row, hparam_defaults=APFL_HPARAM_DEFAULTS)
-    algorithm = composition.rebuilt(name=name, num_clients=num_clients, rows_are_models=True, personal=personal)
+    algorithm = composition.rebuilt(
+        name=name, num_clients=num_clients, rows_are_models=True, personal=personal
+    )
     return algorithm._replace(personal_models=personal_models)

@@ -243,7 +243,9 @@ def ditto(
         return clients, trained["loss"]
 
     personal = PersonalStage(personal_update, init_row=_initial_model, hparam_defaults=DITTO_HPARAM_DEFAULTS)
-    return composition.rebuilt(name=name, num_clients=num_clients, rows_are_models=True, personal=personal)
+    return composition.rebuilt(
+        name=name, num_clients=num_clients, rows_are_models=True, personal=personal
+    )
 
 
 def _initial_model(params: Params, hparams) -> Params:

@@ -122,7 +122,8 @@ def perfedavg(
     )
 
     def personalize(state: ServerState, population: ClientPopulation) -> Params:
-        return adapted_models(task, options["strategy"], state.params, population, state.hparams["perfedavg_alpha"])
+        alpha = state.hparams["perfedavg_alpha"]
+        return adapted_models(task, options["strategy"], state.params, population, alpha)
 
     return algorithm._replace(personalize=personalize)
 

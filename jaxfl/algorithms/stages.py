@@ -400,197 +400,143 @@ def compose_round(
     Raises:
       ValueError: invalid static settings, or stages that cannot go together.
     """
-    if clients_per_round < 1:
-        raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
     unknown = sorted(set(options) - set(RoundOptions.__annotations__))
     if unknown:
         raise TypeError(f"compose_round got unknown options {unknown}")
     if "strategy" not in options:
         raise TypeError("compose_round needs the client strategy (strategy=...)")
-    strategy = options["strategy"]
-    client_weighting = options.get("client_weighting", "num_examples")
-    if client_weighting not in ("num_examples", "uniform"):
-        raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {client_weighting!r}")
-    if aggregate.aggregate is not None and (aggregate.reweight or aggregate.update_state) is not None:
-        raise ValueError("an aggregate stage's own rule takes no reweight or update_state")
-    if select.reads_initial_loss and select.plan is None:
-        raise ValueError("reads_initial_loss needs a plan")
-    if select.init is not _no_state and aggregate.init is not _no_state:
-        raise ValueError("one stage keeps the algorithm's state: select's or aggregate's, not both")
     composition = Composition(
         name, task, clients_per_round, select, client_update, aggregate, num_clients, rows_are_models,
         personal, dict(options),
     )  # fmt: skip
-    if client_update.init_row is not None and personal is not None:
-        raise ValueError(f"{name}: the client update and the personal stage would both keep the client rows")
-    init_row = client_update.init_row if personal is None else personal.init_row
-    if init_row is not None and num_clients is None:
-        raise ValueError(f"{name} keeps a row per client: give num_clients")
-    rows_used = client_update.init_row is not None or client_update.step_reads_rows
-    robustness = options.get("robustness") or Robustness()
-    aggregator = robustness.aggregator
-    if aggregator is not None and aggregator.name == "mean":
-        aggregator = None  # The round's own weighted mean, bit for bit.
-    if aggregator is not None and aggregate.aggregate is not None:
-        raise ValueError(
-            f"{name} computes its own server update; aggregator {aggregator.name!r} applies to "
-            "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
-            "term, deltafl, ditto)"
-        )
-    attacked = None
-    if robustness.attack is not None:
-        if robustness.attacked is None:
-            raise ValueError("an attack needs the corrupted clients (Robustness.attacked)")
-        attacked = np.asarray(robustness.attacked, bool)
-    server = options.get("server_tx") or server_optimizer("sgd", 1.0)
-    defaults = {
-        **LOCAL_HPARAM_DEFAULTS,
-        **select.hparam_defaults,
-        **client_update.hparam_defaults,
-        **aggregate.hparam_defaults,
-        **(personal.hparam_defaults if personal is not None else {}),
-    }
-    if client_update.proximal is not None:
-        defaults.setdefault(client_update.proximal, 0.0)
-    init_extra = aggregate.init if select.init is _no_state else select.init
+    composed = _ComposedRound(composition)
+    return FederatedAlgorithm(
+        name=name,
+        init=composed.init,
+        round=composed.round,
+        hparam_defaults=composed.hparam_defaults,
+        personal_models=own_models if rows_are_models else no_personal_models,
+        composition=composition,
+    )
 
-    def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        hparams = resolve_hparams(defaults, hparams)
+
+class _ComposedRound:
+    """`compose_round`'s init and round, one method per phase; every setting is checked once, here."""
+
+    def __init__(self, composition: Composition):
+        self.composition = c = composition
+        options = c.options
+        self.strategy = options["strategy"]
+        self.client_weighting = options.get("client_weighting", "num_examples")
+        self.server = options.get("server_tx") or server_optimizer("sgd", 1.0)
+        self.robustness = options.get("robustness") or Robustness()
+        self.aggregator = self.robustness.aggregator
+        if self.aggregator is not None and self.aggregator.name == "mean":
+            self.aggregator = None  # The round's own weighted mean, bit for bit.
+        self.attacked = None
+        if self.robustness.attack is not None:
+            if self.robustness.attacked is None:
+                raise ValueError("an attack needs the corrupted clients (Robustness.attacked)")
+            self.attacked = np.asarray(self.robustness.attacked, bool)
+        self._check()
+        self.init_row = c.client_update.init_row if c.personal is None else c.personal.init_row
+        self.rows_used = c.client_update.init_row is not None or c.client_update.step_reads_rows
+        self.init_extra = c.aggregate.init if c.select.init is _no_state else c.select.init
+        self.aggregate_fn = c.aggregate.aggregate or self._default_aggregate
+        self.hparam_defaults = {
+            **LOCAL_HPARAM_DEFAULTS,
+            **c.select.hparam_defaults,
+            **c.client_update.hparam_defaults,
+            **c.aggregate.hparam_defaults,
+            **(c.personal.hparam_defaults if c.personal is not None else {}),
+        }
+        if c.client_update.proximal is not None:
+            self.hparam_defaults.setdefault(c.client_update.proximal, 0.0)
+
+    def _check(self) -> None:
+        c = self.composition
+        if c.clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {c.clients_per_round}")
+        if self.client_weighting not in ("num_examples", "uniform"):
+            raise ValueError(
+                f"client_weighting must be 'num_examples' or 'uniform', got {self.client_weighting!r}"
+            )
+        own_rule = c.aggregate.aggregate is not None
+        if own_rule and (c.aggregate.reweight or c.aggregate.update_state) is not None:
+            raise ValueError("an aggregate stage's own rule takes no reweight or update_state")
+        if c.select.reads_initial_loss and c.select.plan is None:
+            raise ValueError("reads_initial_loss needs a plan")
+        if c.select.init is not _no_state and c.aggregate.init is not _no_state:
+            raise ValueError("one stage keeps the algorithm's state: select's or aggregate's, not both")
+        if c.client_update.init_row is not None and c.personal is not None:
+            raise ValueError(
+                f"{c.name}: the client update and the personal stage would both keep the client rows"
+            )
+        keeps_rows = c.client_update.init_row is not None or c.personal is not None
+        if keeps_rows and c.num_clients is None:
+            raise ValueError(f"{c.name} keeps a row per client: give num_clients")
+        if self.aggregator is not None and c.aggregate.aggregate is not None:
+            raise ValueError(
+                f"{c.name} computes its own server update; aggregator {self.aggregator.name!r} applies to "
+                "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
+                "term, deltafl, ditto)"
+            )
+
+    def init(self, params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
+        hparams = resolve_hparams(self.hparam_defaults, hparams)
         clients = ()
-        if init_row is not None:
-            clients = initial_client_models(init_row(params, hparams), num_clients, strategy)
+        if self.init_row is not None:
+            row = self.init_row(params, hparams)
+            clients = initial_client_models(row, self.composition.num_clients, self.strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=server.init(params),
+            opt_state=self.server.init(params),
             hparams=hparams,
-            extra=init_extra(params),
+            extra=self.init_extra(params),
             clients=clients,
-            aggregator=aggregator.init(params) if aggregator is not None else (),
+            aggregator=self.aggregator.init(params) if self.aggregator is not None else (),
         )
 
-    def default_aggregate(results, cohort, client_plan, state, key):
-        if aggregate.reweight is None:
-            weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
-        else:
-            weights, extra, metrics = aggregate.reweight(results, cohort.alpha, state, key)
-        if aggregate.update_state is not None:
-            extra = aggregate.update_state(results, cohort, state)
-        if aggregator is None:
-            return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
-        losses = results.mean_batch_loss if aggregator.uses_losses else None
-        update, aggregator_state, aggregator_metrics = aggregator.aggregate(
-            results.deltas, weights, state.aggregator, losses=losses
-        )
-        return Aggregation(update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state)
-
-    aggregate_fn = aggregate.aggregate or default_aggregate
-    plan = select.plan
-    local = client_update.local
-
-    def round_fn(
-        state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
+    def round(
+        self, state: ServerState, population: ClientPopulation | GatheredCohort, key: Key
     ) -> tuple[ServerState, Metrics]:
-        if num_clients is not None and population.num_clients != num_clients:
-            raise ValueError(
-                f"{name} was built for {num_clients} training clients, got a population of "
-                f"{population.num_clients}"
-            )
-        if clients_per_round > population.num_clients:
-            raise ValueError(
-                f"clients_per_round={clients_per_round} exceeds the "
-                f"{population.num_clients} training clients"
-            )
+        c = self.composition
+        self._check_population(population)
         keys = round_keys(key, state.round)
         plan_key, aggregate_key = jax.random.split(keys.server)
         # Named scopes label each phase's kernels in profiles (benchmarks/round_profile.py).
         with jax.named_scope("select"):
-            cohort_data = select_cohort(keys.sampling, population, clients_per_round)
-            client_ids, data, slots = cohort_data
-            cohort = Cohort(client_ids, data.cohort_weights(client_weighting, slots))
+            cohort_data = select_cohort(keys.sampling, population, c.clients_per_round)
+            cohort = Cohort(
+                cohort_data.client_ids,
+                cohort_data.population.cohort_weights(self.client_weighting, cohort_data.slots),
+            )
         single_pass = (
-            select.reads_initial_loss and select.weights_only and single_pass_preferred(strategy)
+            c.select.reads_initial_loss and c.select.weights_only and single_pass_preferred(self.strategy)
         )
         with jax.named_scope("plan"):
-            if select.reads_initial_loss and not single_pass:
-                losses, errors = cohort_losses(task, strategy, state.params, data, slots)
-                cohort = cohort._replace(initial_loss=losses, initial_error=errors)
-            if plan is None:
-                client_plan = ClientPlan()
-            elif not single_pass:
-                client_plan = plan(cohort, state, plan_key)
-                if client_plan.extra is not None:
-                    state = dataclasses.replace(state, extra=client_plan.extra)
-        lr = local_learning_rate(state.hparams, state.round)
-        hparams = LocalHParams(
-            lr=lr,
-            l2=state.hparams["l2"] if client_update.l2 else None,
-            prox_mu=None if client_update.proximal is None else state.hparams[client_update.proximal],
-        )
+            cohort, client_plan, state = self._plan(state, cohort, cohort_data, plan_key, single_pass)
         with jax.named_scope("client_update"):
-            clients = state.clients
-            if personal is not None:
-                active = None if single_pass else client_plan.active
-                clients, personal_metrics = personal.update(
-                    state, cohort_data, keys.clients, lr, population, active
-                )
-            rows = client_rows(clients, client_ids) if rows_used else None
-            results = train_cohort(
-                task,
-                local(data) if callable(local) else local,
-                strategy,
-                state.params,
-                data,
-                client_ids,
-                keys.clients,
-                hparams,
-                with_initial_loss=single_pass
-                or (client_update.reports_initial_loss and not select.reads_initial_loss),
-                num_epochs=None if single_pass else client_plan.num_epochs,
-                active=None if single_pass else client_plan.active,
-                slots=slots,
-                local_step=client_update.step,
-                step_hparams=state.hparams if client_update.step is not None else None,
-                step_rows=rows if client_update.step_reads_rows else None,
-                corrections=(
-                    None if client_update.correction is None
-                    else client_update.correction(state, rows, cohort, cohort_data)
-                ),
+            results, clients, personal_metrics = self._update_clients(
+                state, cohort, cohort_data, client_plan, keys.clients, population, single_pass
             )
-            if client_update.finalize is not None:
-                new_rows, outputs = client_update.finalize(state, rows, results, lr, cohort_data)
-                results = results._replace(outputs=outputs)
-                clients = store_client_rows(clients, client_ids, new_rows)
         if results.initial_loss is not None:
             cohort = cohort._replace(initial_loss=results.initial_loss, initial_error=results.initial_error)
         if single_pass:
             # Everyone trained; the plan's weights drop the filtered clients.
-            client_plan = plan(cohort, state, plan_key)
+            client_plan = c.select.plan(cohort, state, plan_key)
             if client_plan.num_epochs is not None:
-                raise ValueError(f"{name}: a plan that sets epochs cannot run after training")
+                raise ValueError(f"{c.name}: a plan that sets epochs cannot run after training")
             if client_plan.extra is not None:
                 state = dataclasses.replace(state, extra=client_plan.extra)
-        if attacked is not None:
-            # The corrupted clients forge their updates; a client without
-            # weight takes no part (and is left as it is).
-            is_attacked = jnp.asarray(attacked)[client_ids]
-            results = results._replace(
-                deltas=attack_updates(
-                    robustness.attack,
-                    results.deltas,
-                    is_attacked,
-                    default_weights(cohort, client_plan),
-                    jax.random.fold_in(keys.server, ATTACK_STREAM),
-                    options=robustness.attack_options,
-                )
-            )
+        if self.attacked is not None:
+            results = self._attack(results, cohort, client_plan, keys.server)
         with jax.named_scope("aggregate"):
-            aggregation = aggregate_fn(results, cohort, client_plan, state, aggregate_key)
+            aggregation = self.aggregate_fn(results, cohort, client_plan, state, aggregate_key)
         with jax.named_scope("server"):
-            params, opt_state = apply_server_update(server, state, aggregation.mean_delta)
-        metrics = round_metrics(cohort, client_plan, results, aggregation)
-        if personal is not None:
-            metrics.update(personal_metrics)
+            params, opt_state = apply_server_update(self.server, state, aggregation.mean_delta)
+        metrics = {**round_metrics(cohort, client_plan, results, aggregation), **personal_metrics}
         new_state = ServerState(
             round=state.round + 1,
             params=params,
@@ -604,14 +550,111 @@ def compose_round(
         )
         return new_state, metrics
 
-    return FederatedAlgorithm(
-        name=name,
-        init=init,
-        round=round_fn,
-        hparam_defaults=defaults,
-        personal_models=own_models if rows_are_models else no_personal_models,
-        composition=composition,
-    )
+    def _check_population(self, population) -> None:
+        c = self.composition
+        if c.num_clients is not None and population.num_clients != c.num_clients:
+            raise ValueError(
+                f"{c.name} was built for {c.num_clients} training clients, got a population of "
+                f"{population.num_clients}"
+            )
+        if c.clients_per_round > population.num_clients:
+            raise ValueError(
+                f"clients_per_round={c.clients_per_round} exceeds the "
+                f"{population.num_clients} training clients"
+            )
+
+    def _plan(self, state, cohort, cohort_data, plan_key, single_pass):
+        """The cohort's losses where the plan reads them, and the plan: (cohort, plan, state)."""
+        select = self.composition.select
+        if select.reads_initial_loss and not single_pass:
+            losses, errors = cohort_losses(
+                self.composition.task, self.strategy, state.params, cohort_data.population, cohort_data.slots
+            )
+            cohort = cohort._replace(initial_loss=losses, initial_error=errors)
+        client_plan = ClientPlan()
+        if select.plan is not None and not single_pass:
+            client_plan = select.plan(cohort, state, plan_key)
+            if client_plan.extra is not None:
+                state = dataclasses.replace(state, extra=client_plan.extra)
+        return cohort, client_plan, state
+
+    def _update_clients(self, state, cohort, cohort_data, client_plan, clients_key, population, single_pass):
+        """The personal stage, local training and the rows' update: (results, rows, personal metrics)."""
+        c = self.composition
+        update = c.client_update
+        client_ids, data, slots = cohort_data
+        lr = local_learning_rate(state.hparams, state.round)
+        hparams = LocalHParams(
+            lr=lr,
+            l2=state.hparams["l2"] if update.l2 else None,
+            prox_mu=None if update.proximal is None else state.hparams[update.proximal],
+        )
+        clients, personal_metrics = state.clients, {}
+        if c.personal is not None:
+            active = None if single_pass else client_plan.active
+            clients, personal_metrics = c.personal.update(
+                state, cohort_data, clients_key, lr, population, active
+            )
+        rows = client_rows(clients, client_ids) if self.rows_used else None
+        corrections = None
+        if update.correction is not None:
+            corrections = update.correction(state, rows, cohort, cohort_data)
+        results = train_cohort(
+            c.task,
+            update.local(data) if callable(update.local) else update.local,
+            self.strategy,
+            state.params,
+            data,
+            client_ids,
+            clients_key,
+            hparams,
+            with_initial_loss=(
+                single_pass or (update.reports_initial_loss and not c.select.reads_initial_loss)
+            ),
+            num_epochs=None if single_pass else client_plan.num_epochs,
+            active=None if single_pass else client_plan.active,
+            slots=slots,
+            local_step=update.step,
+            step_hparams=state.hparams if update.step is not None else None,
+            step_rows=rows if update.step_reads_rows else None,
+            corrections=corrections,
+        )
+        if update.finalize is not None:
+            new_rows, outputs = update.finalize(state, rows, results, lr, cohort_data)
+            results = results._replace(outputs=outputs)
+            clients = store_client_rows(clients, client_ids, new_rows)
+        return results, clients, personal_metrics
+
+    def _attack(self, results, cohort, client_plan, server_key):
+        """The corrupted clients forge their updates; a client without weight takes no part (and is left as
+        it is)."""
+        is_attacked = jnp.asarray(self.attacked)[cohort.client_ids]
+        deltas = attack_updates(
+            self.robustness.attack,
+            results.deltas,
+            is_attacked,
+            default_weights(cohort, client_plan),
+            jax.random.fold_in(server_key, ATTACK_STREAM),
+            options=self.robustness.attack_options,
+        )
+        return results._replace(deltas=deltas)
+
+    def _default_aggregate(self, results, cohort, client_plan, state, key):
+        """The weighted mean of the updates, or the run's aggregator, with the stage's weights and state."""
+        stage = self.composition.aggregate
+        if stage.reweight is None:
+            weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
+        else:
+            weights, extra, metrics = stage.reweight(results, cohort.alpha, state, key)
+        if stage.update_state is not None:
+            extra = stage.update_state(results, cohort, state)
+        if self.aggregator is None:
+            return Aggregation(weighted_mean(results.deltas, weights), weights, extra, metrics)
+        losses = results.mean_batch_loss if self.aggregator.uses_losses else None
+        update, aggregator_state, aggregator_metrics = self.aggregator.aggregate(
+            results.deltas, weights, state.aggregator, losses=losses
+        )
+        return Aggregation(update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state)
 
 
 def round_metrics(
