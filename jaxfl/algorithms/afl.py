@@ -50,18 +50,8 @@ from typing import Unpack
 import jax.numpy as jnp
 from optax.projections import projection_simplex
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    uniform_weights,
-)
 from jaxfl.training.cohort import CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -95,7 +85,7 @@ def afl(
     local: LocalTraining,
     clients_per_round: int,
     num_clients: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """AFL by stochastic gradient descent-ascent (see the module docstring).
 
@@ -128,11 +118,11 @@ def afl(
 
     def aggregate(
         results: CohortResults,
-        cohort: Cohort,
-        plan: ClientPlan,
+        cohort: stages.Cohort,
+        plan: stages.ClientPlan,
         state: ServerState,
         key: Key,
-    ) -> Aggregation:
+    ) -> stages.Aggregation:
         del plan, key  # Unused.
         mixture = state.extra["lambda"]
         if mixture.shape[0] != num_clients:  # Static: shapes are known.
@@ -148,22 +138,22 @@ def afl(
             state.hparams["afl_lambda_lr"],
         )
         metrics = {"lambda_max": jnp.max(new_mixture)}
-        return Aggregation(
+        return stages.Aggregation(
             weighted_mean(results.deltas, weights),
             weights,
             {"lambda": new_mixture},
             metrics,
         )
 
-    return compose_round(
+    return stages.compose_round(
         "afl",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(local=local, reports_initial_loss=True),
-        aggregate=AggregateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(local=local, reports_initial_loss=True),
+        aggregate=stages.AggregateStage(
             aggregate=aggregate, hparam_defaults={"afl_lambda_lr": 0.01}, init=uniform_mixture
         ),
         num_clients=num_clients,
-        **uniform_weights("afl", options),
+        **stages.uniform_weights("afl", options),
     )

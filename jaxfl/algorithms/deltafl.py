@@ -88,16 +88,8 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.primitives import (
     dp_quantile,
     smoothed_superquantile_weights,
@@ -164,7 +156,7 @@ def deltafl(
     filtering: str = "server",
     dp_bins: int = 32,
     dp_bits: int = 32,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Delta-FL (see the module docstring).
 
@@ -239,16 +231,16 @@ def deltafl(
             modulus=2**dp_bits,
         )
 
-    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
         losses, alpha, hparams = cohort.initial_loss, cohort.alpha, state.hparams
         if reweighting == "exact":
             weights = superquantile_weights(losses, hparams["theta"], alpha)
-            return ClientPlan(weights=weights, active=weights > 0)
+            return stages.ClientPlan(weights=weights, active=weights > 0)
         if reweighting == "smoothed":
             weights = smoothed_superquantile_weights(
                 losses, hparams["theta"], hparams["smoothing"], alpha
             )
-            return ClientPlan(weights=weights, active=weights > 0)
+            return stages.ClientPlan(weights=weights, active=weights > 0)
         # Threshold rules: recompute Q every T_eta rounds, else reuse it.
         period = jnp.maximum(hparams["threshold_period"], 1.0).astype(jnp.int32)
         recompute = jnp.mod(state.round, period) == 0
@@ -265,26 +257,26 @@ def deltafl(
             weights, active = jax.vmap(client_passes, in_axes=(0, 0, None))(
                 losses, alpha, threshold
             )
-        return ClientPlan(
+        return stages.ClientPlan(
             weights=weights,
             active=active,
             extra={"threshold": threshold},
             metrics={"threshold": threshold, "threshold_recomputed": recompute},
         )
 
-    return compose_round(
+    return stages.compose_round(
         "deltafl",
         task,
         clients_per_round,
-        select=SelectStage(
+        select=stages.SelectStage(
             plan=plan,
             reads_initial_loss=True,
             weights_only=True,
             hparam_defaults=defaults,
-            init=initial_threshold if uses_threshold else SelectStage().init,
+            init=initial_threshold if uses_threshold else stages.SelectStage().init,
         ),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(),
         **options,
     )
 

@@ -70,20 +70,10 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.deltafl import client_passes
 from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    uniform_weights,
-)
 from jaxfl.primitives import dp_quantile
 from jaxfl.primitives.dp_quantile import check_modulus
 from jaxfl.privacy.budget import NOISE_MULTIPLIER, QUANTILE_SIGMA
@@ -104,7 +94,7 @@ def dp_deltafl(
     dp_bits: int = 32,
     dp_scale: int = 10,
     count: str = "fixed",
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """DP Delta-FL, Pillutla et al. 2023, Algorithm 4 (see the module docstring).
 
@@ -135,7 +125,7 @@ def dp_deltafl(
         raise ValueError(f"dp_scale must be an integer >= 1, got {dp_scale}")
     scale = int(dp_scale)
 
-    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
         hparams = state.hparams
         bound = hparams["dp_loss_bound"]
         threshold = dp_quantile(
@@ -155,7 +145,7 @@ def dp_deltafl(
         weights, passes = jax.vmap(client_passes, in_axes=(0, None, None))(
             cohort.initial_loss, jnp.float32(1.0), threshold
         )
-        return ClientPlan(
+        return stages.ClientPlan(
             weights=weights,
             active=passes,
             metrics={"threshold": threshold},
@@ -163,11 +153,11 @@ def dp_deltafl(
 
     def aggregate(
         results: CohortResults,
-        cohort: Cohort,
-        client_plan: ClientPlan,
+        cohort: stages.Cohort,
+        client_plan: stages.ClientPlan,
         state: ServerState,
         key: Key,
-    ) -> Aggregation:
+    ) -> stages.Aggregation:
         del cohort  # Unused.
         contributes = client_plan.active
         released = noisy_clipped_sum(
@@ -198,7 +188,7 @@ def dp_deltafl(
             )
             / contributing,
         }
-        return Aggregation(
+        return stages.Aggregation(
             mean_delta, contributes.astype(jnp.float32), state.extra, metrics
         )
 
@@ -208,12 +198,12 @@ def dp_deltafl(
         **DP_HPARAM_DEFAULTS,
         QUANTILE_SIGMA: math.nan,
     }
-    return compose_round(
+    return stages.compose_round(
         "dp-deltafl",
         task,
         clients_per_round,
-        select=SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=defaults),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(aggregate=aggregate),
-        **uniform_weights("dp-deltafl", options),
+        select=stages.SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=defaults),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(aggregate=aggregate),
+        **stages.uniform_weights("dp-deltafl", options),
     )

@@ -47,18 +47,8 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    uniform_weights,
-)
 from jaxfl.privacy.budget import NOISE_MULTIPLIER
 from jaxfl.privacy.noise import noisy_clipped_sum
 from jaxfl.training.cohort import CohortResults
@@ -72,7 +62,7 @@ def dp_fedavg(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """DP-FedAvg (see the module docstring).
 
@@ -87,11 +77,11 @@ def dp_fedavg(
 
     def aggregate(
         results: CohortResults,
-        cohort: Cohort,
-        plan: ClientPlan,
+        cohort: stages.Cohort,
+        plan: stages.ClientPlan,
         state: ServerState,
         key: Key,
-    ) -> Aggregation:
+    ) -> stages.Aggregation:
         del cohort, plan  # Unused: every sampled client contributes.
         everyone = jnp.ones(results.client_ids.shape, bool)
         released = noisy_clipped_sum(
@@ -107,16 +97,16 @@ def dp_fedavg(
             "clipped_fraction": jnp.mean(released.clipped.astype(jnp.float32)),
             "mean_update_norm": jnp.mean(released.update_norms),
         }
-        return Aggregation(
+        return stages.Aggregation(
             mean_delta, everyone.astype(jnp.float32), state.extra, metrics
         )
 
-    return compose_round(
+    return stages.compose_round(
         "dp-fedavg",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(aggregate=aggregate, hparam_defaults=DP_HPARAM_DEFAULTS),
-        **uniform_weights("dp-fedavg", options),
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults=DP_HPARAM_DEFAULTS),
+        **stages.uniform_weights("dp-fedavg", options),
     )

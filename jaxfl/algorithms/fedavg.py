@@ -33,22 +33,13 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import (
     check_straggler_epochs,
     draw_stragglers,
     num_stragglers,
     random_subset_mask,
-)
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    Plan,
-    RoundOptions,
-    SelectStage,
-    compose_round,
 )
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -58,7 +49,7 @@ __all__ = ["fedavg", "straggler_plan"]
 
 def straggler_plan(
     clients_per_round: int, stragglers: float, max_epochs: int, *, keep: bool
-) -> Plan | None:
+) -> stages.Plan | None:
     """The plan of a cohort with stragglers, or None without any.
 
     Args:
@@ -80,17 +71,17 @@ def straggler_plan(
     if keep:
         check_straggler_epochs(count, max_epochs)
 
-    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
         del state  # Unused.
         if keep:
             drawn = draw_stragglers(key, cohort.client_ids, count, max_epochs)
             is_straggler = drawn.is_straggler
-            client_plan = ClientPlan(num_epochs=drawn.num_epochs)
+            client_plan = stages.ClientPlan(num_epochs=drawn.num_epochs)
         else:
             # The same choice of stragglers as `draw_stragglers` with this key.
             choice_key, _ = jax.random.split(key)
             is_straggler = random_subset_mask(choice_key, cohort.client_ids, count)
-            client_plan = ClientPlan(active=~is_straggler)
+            client_plan = stages.ClientPlan(active=~is_straggler)
         metrics = {"stragglers": jnp.sum(is_straggler).astype(jnp.int32)}
         return client_plan._replace(metrics=metrics)
 
@@ -103,7 +94,7 @@ def fedavg(
     clients_per_round: int,
     *,
     stragglers: float = 0.0,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Federated averaging (see the module docstring).
 
@@ -119,12 +110,14 @@ def fedavg(
     Returns:
       The `FederatedAlgorithm`.
     """
-    return compose_round(
+    return stages.compose_round(
         "fedavg",
         task,
         clients_per_round,
-        select=SelectStage(plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(),
+        select=stages.SelectStage(
+            plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
+        ),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(),
         **options,
     )

@@ -23,17 +23,9 @@ from typing import Unpack
 
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import random_subset_mask
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
@@ -47,7 +39,7 @@ def fedavg_sub(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedAvg-Sub (see the module docstring).
 
@@ -65,16 +57,16 @@ def fedavg_sub(
       The `FederatedAlgorithm`.
     """
 
-    def plan(cohort: Cohort, state: ServerState, key: Key) -> ClientPlan:
+    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
         size = subcohort_size(state.hparams["theta"], clients_per_round)
-        return ClientPlan(active=random_subset_mask(key, cohort.client_ids, size))
+        return stages.ClientPlan(active=random_subset_mask(key, cohort.client_ids, size))
 
-    return compose_round(
+    return stages.compose_round(
         "fedavg-sub",
         task,
         clients_per_round,
-        select=SelectStage(plan=plan, hparam_defaults={"theta": 0.5}),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(),
+        select=stages.SelectStage(plan=plan, hparam_defaults={"theta": 0.5}),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(),
         **options,
     )

@@ -37,15 +37,8 @@ from typing import Unpack
 
 import jax
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.cohort import CohortData, cohort_gradients, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params
@@ -55,26 +48,26 @@ def feddane(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedDane (see the module docstring)."""
     strategy = options["strategy"]
 
-    def correction(state: ServerState, rows, cohort: Cohort, data: CohortData) -> Params:
+    def correction(state: ServerState, rows, cohort: stages.Cohort, data: CohortData) -> Params:
         del rows  # FedDane keeps no per-client state.
         gradients = cohort_gradients(task, strategy, state.params, data)
         mean = weighted_mean(gradients, cohort.alpha)
         return jax.tree.map(lambda g, g_k: g[None] - g_k, mean, gradients)
 
-    return compose_round(
+    return stages.compose_round(
         "feddane",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
             local=local, proximal="mu", correction=correction, hparam_defaults={"mu": 0.01}
         ),
-        aggregate=AggregateStage(),
+        aggregate=stages.AggregateStage(),
         **options,
     )
 

@@ -34,19 +34,8 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    default_weights,
-    zeros_row,
-)
 from jaxfl.training.cohort import CohortData, CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key, Params
@@ -64,11 +53,11 @@ def feddyn(
     local: LocalTraining,
     clients_per_round: int,
     num_clients: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedDyn (see the module docstring); its state's `extra` is h and `clients` the g_k."""
 
-    def correction(state: ServerState, rows: Params, cohort: Cohort, data: CohortData) -> Params:
+    def correction(state: ServerState, rows: Params, cohort: stages.Cohort, data: CohortData) -> Params:
         del cohort, data  # Unused.
         return jax.tree.map(jnp.negative, rows)
 
@@ -82,31 +71,31 @@ def feddyn(
         return new_rows, None
 
     def aggregate(
-        results: CohortResults, cohort: Cohort, plan: ClientPlan, state: ServerState, key: Key
-    ) -> Aggregation:
+        results: CohortResults, cohort: stages.Cohort, plan: stages.ClientPlan, state: ServerState, key: Key
+    ) -> stages.Aggregation:
         del key  # Unused.
         alpha = state.hparams["feddyn_alpha"]
-        weights = jnp.where(results.num_steps > 0, default_weights(cohort, plan), 0.0)
+        weights = jnp.where(results.num_steps > 0, stages.default_weights(cohort, plan), 0.0)
         h = jax.tree.map(
             lambda h, delta: h - alpha * jnp.sum(delta, axis=0) / num_clients, state.extra, results.deltas
         )
         mean_delta = jax.tree.map(lambda mean, h: mean - h / alpha, weighted_mean(results.deltas, weights), h)
-        return Aggregation(mean_delta, weights, h, {})
+        return stages.Aggregation(mean_delta, weights, h, {})
 
-    return compose_round(
+    return stages.compose_round(
         "feddyn",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
             local=local,
             proximal="feddyn_alpha",
-            init_row=zeros_row,
+            init_row=stages.zeros_row,
             correction=correction,
             finalize=finalize,
             hparam_defaults=FEDDYN_HPARAM_DEFAULTS,
         ),
-        aggregate=AggregateStage(aggregate=aggregate, init=zeros_row),
+        aggregate=stages.AggregateStage(aggregate=aggregate, init=stages.zeros_row),
         num_clients=num_clients,
         **options,
     )

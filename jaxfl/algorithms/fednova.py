@@ -30,27 +30,17 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    default_weights,
-)
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
 
 def normalized_averaging(
-    results: CohortResults, cohort: Cohort, plan: ClientPlan, state: ServerState, key: Key
-) -> Aggregation:
+    results: CohortResults, cohort: stages.Cohort, plan: stages.ClientPlan, state: ServerState, key: Key
+) -> stages.Aggregation:
     """FedNova's update tau_eff sum_i p_i Delta_i / tau_i (see the module docstring).
 
     Clients without a step or without weight take no part; none at all gives
@@ -58,7 +48,7 @@ def normalized_averaging(
     """
     del key  # Unused.
     steps = results.num_steps.astype(jnp.float32)
-    weights = jnp.where(steps > 0, default_weights(cohort, plan), 0.0)
+    weights = jnp.where(steps > 0, stages.default_weights(cohort, plan), 0.0)
     total = jnp.sum(weights)
     p = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
     tau_eff = jnp.sum(p * steps)
@@ -66,7 +56,7 @@ def normalized_averaging(
     mean_delta = jax.tree.map(
         lambda x: jnp.tensordot(coefficients, x, axes=(0, 0)).astype(x.dtype), results.deltas
     )
-    return Aggregation(mean_delta, weights, state.extra, {"tau_eff": tau_eff})
+    return stages.Aggregation(mean_delta, weights, state.extra, {"tau_eff": tau_eff})
 
 
 def fednova(
@@ -75,7 +65,7 @@ def fednova(
     clients_per_round: int,
     *,
     stragglers: float = 0.0,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedNova (see the module docstring).
 
@@ -93,14 +83,14 @@ def fednova(
     Returns:
       The `FederatedAlgorithm`.
     """
-    return compose_round(
+    return stages.compose_round(
         "fednova",
         task,
         clients_per_round,
-        select=SelectStage(
+        select=stages.SelectStage(
             plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True),
         ),
-        client_update=ClientUpdateStage(local=local),
-        aggregate=AggregateStage(aggregate=normalized_averaging),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(aggregate=normalized_averaging),
         **options,
     )

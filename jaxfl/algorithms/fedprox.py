@@ -27,15 +27,9 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.local import LocalTraining, Task
 
 
@@ -45,7 +39,7 @@ def fedprox(
     clients_per_round: int,
     *,
     stragglers: float = 0.0,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedProx (see the module docstring).
 
@@ -67,12 +61,14 @@ def fedprox(
       ValueError: stragglers outside [0, 1), or stragglers > 0 with fewer
         than 2 local epochs (a straggler runs 1..E-1 epochs).
     """
-    return compose_round(
+    return stages.compose_round(
         "fedprox",
         task,
         clients_per_round,
-        select=SelectStage(plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True)),
-        client_update=ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
-        aggregate=AggregateStage(),
+        select=stages.SelectStage(
+            plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True)
+        ),
+        client_update=stages.ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
+        aggregate=stages.AggregateStage(),
         **options,
     )

@@ -23,14 +23,8 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import LocalTraining, Task
 
@@ -43,7 +37,7 @@ def full_batch_step(population: ClientPopulation) -> LocalTraining:
 def fedsgd(
     task: Task,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """FedSGD (see the module docstring).
 
@@ -56,12 +50,12 @@ def fedsgd(
     Returns:
       The `FederatedAlgorithm`.
     """
-    return compose_round(
+    return stages.compose_round(
         "fedsgd",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(local=full_batch_step),
-        aggregate=AggregateStage(),
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(local=full_batch_step),
+        aggregate=stages.AggregateStage(),
         **options,
     )

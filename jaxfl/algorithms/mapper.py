@@ -54,17 +54,10 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.apfl import client_mixtures, mixture
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.ditto import least_loss_choice
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    PersonalStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.cohort import train_client_rows
 from jaxfl.training.local import (
     LocalHParams,
@@ -108,7 +101,7 @@ def mapper(
     num_clients: int,
     *,
     candidates: tuple[float, ...] = MAPPER_CANDIDATES,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Mapper (module docstring).
 
@@ -179,16 +172,16 @@ def mapper(
     def personal_models(state: ServerState) -> Params:
         return client_mixtures(state.clients["lam"], state.clients["local"], state.params)
 
-    algorithm = compose_round(
+    algorithm = stages.compose_round(
         "mapper",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(local=local, step=global_step, step_reads_rows=True),
-        aggregate=AggregateStage(),
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(local=local, step=global_step, step_reads_rows=True),
+        aggregate=stages.AggregateStage(),
         num_clients=num_clients,
         rows_are_models=True,
-        personal=PersonalStage(search, init_row=_initial_row),
+        personal=stages.PersonalStage(search, init_row=_initial_row),
         **options,
     )
     return algorithm._replace(personal_models=personal_models)

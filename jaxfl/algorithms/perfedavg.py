@@ -48,14 +48,8 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import (
     LocalHParams,
@@ -100,7 +94,7 @@ def perfedavg(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Per-FedAvg (HF) (module docstring); its `personalize` makes the personal models."""
 
@@ -109,15 +103,15 @@ def perfedavg(
             task, hparams, state_hparams["perfedavg_alpha"], state_hparams["perfedavg_delta"]
         )
 
-    algorithm = compose_round(
+    algorithm = stages.compose_round(
         "perfedavg",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
             local=local, step=local_step, hparam_defaults=PERFEDAVG_HPARAM_DEFAULTS
         ),
-        aggregate=AggregateStage(),
+        aggregate=stages.AggregateStage(),
         **options,
     )
 

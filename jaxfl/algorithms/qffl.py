@@ -50,18 +50,9 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
 from jaxfl.algorithms.fedsgd import full_batch_step
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key, Params
@@ -121,7 +112,7 @@ def qffl(
     variant: str = "fedavg",
     q: float = 1.0,
     name: str = "qffl",
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """q-FedAvg or q-FedSGD (see the module docstring).
 
@@ -154,24 +145,24 @@ def qffl(
 
     def aggregate(
         results: CohortResults,
-        cohort: Cohort,
-        plan: ClientPlan,
+        cohort: stages.Cohort,
+        plan: stages.ClientPlan,
         state: ServerState,
         key: Key,
-    ) -> Aggregation:
+    ) -> stages.Aggregation:
         del plan, key  # Unused.
         mean_delta, coefficients = qffl_update(results.deltas, cohort.initial_loss, cohort.alpha, state)
         metrics = {"step_scale": jnp.sum(coefficients)}
-        return Aggregation(mean_delta, coefficients, state.extra, metrics)
+        return stages.Aggregation(mean_delta, coefficients, state.extra, metrics)
 
-    return compose_round(
+    return stages.compose_round(
         name,
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
             local=full_batch_step if variant == "fedsgd" else local, reports_initial_loss=True
         ),
-        aggregate=AggregateStage(aggregate=aggregate, hparam_defaults={"q": q}),
+        aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults={"q": q}),
         **options,
     )

@@ -39,19 +39,10 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedsgd import full_batch_step
 from jaxfl.algorithms.qffl import qffl_update
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalHParams, LocalStep, Task, minibatch_loss, sgd_update
 from jaxfl.types import Key, Params
@@ -76,7 +67,7 @@ def meta_step(task: Task, hparams: LocalHParams, eta: jax.Array) -> LocalStep:
 def qmaml(
     task: Task,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """q-MAML (see the module docstring)."""
 
@@ -84,21 +75,22 @@ def qmaml(
         return meta_step(task, hparams, state_hparams["perfedavg_alpha"])
 
     def aggregate(
-        results: CohortResults, cohort: Cohort, plan: ClientPlan, state: ServerState, key: Key
-    ) -> Aggregation:
+        results: CohortResults, cohort: stages.Cohort, plan: stages.ClientPlan, state: ServerState, key: Key
+    ) -> stages.Aggregation:
         del plan, key  # Unused.
         # The adapted model's loss on D'_k is the step's reported loss.
         mean_delta, coefficients = qffl_update(results.deltas, results.mean_batch_loss, cohort.alpha, state)
-        return Aggregation(mean_delta, coefficients, state.extra, {"step_scale": jnp.sum(coefficients)})
+        metrics = {"step_scale": jnp.sum(coefficients)}
+        return stages.Aggregation(mean_delta, coefficients, state.extra, metrics)
 
-    return compose_round(
+    return stages.compose_round(
         "qmaml",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
             local=full_batch_step, step=local_step, hparam_defaults=QMAML_HPARAM_DEFAULTS
         ),
-        aggregate=AggregateStage(aggregate=aggregate),
+        aggregate=stages.AggregateStage(aggregate=aggregate),
         **options,
     )

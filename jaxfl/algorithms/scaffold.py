@@ -36,16 +36,8 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    Cohort,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-    zeros_row,
-)
 from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params, PyTree
@@ -60,7 +52,7 @@ def scaffold(
     num_clients: int,
     *,
     control_option: int = 2,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """SCAFFOLD (see the module docstring).
 
@@ -85,7 +77,7 @@ def scaffold(
             f"scaffold_option must be 1 or 2 (the paper's Option I or II), got {control_option!r}"
         )
 
-    def correction(state: ServerState, rows: Params, cohort: Cohort, data: CohortData) -> Params:
+    def correction(state: ServerState, rows: Params, cohort: stages.Cohort, data: CohortData) -> Params:
         del cohort, data  # Unused: c - c_i for each cohort client.
         return jax.tree.map(lambda c, c_i: c[None] - c_i, state.extra, rows)
 
@@ -111,21 +103,21 @@ def scaffold(
         )
         return new_rows, jax.tree.map(jnp.subtract, new_rows, rows)
 
-    def update_state(results: CohortResults, cohort: Cohort, state: ServerState) -> PyTree:
+    def update_state(results: CohortResults, cohort: stages.Cohort, state: ServerState) -> PyTree:
         del cohort  # Unused: c moves by the cohort's Delta c_i summed, over N.
         return jax.tree.map(
             lambda c, delta_c: c + jnp.sum(delta_c, axis=0) / num_clients, state.extra, results.outputs
         )
 
-    return compose_round(
+    return stages.compose_round(
         "scaffold",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(
-            local=local, init_row=zeros_row, correction=correction, finalize=finalize
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(
+            local=local, init_row=stages.zeros_row, correction=correction, finalize=finalize
         ),
-        aggregate=AggregateStage(update_state=update_state, init=zeros_row),
+        aggregate=stages.AggregateStage(update_state=update_state, init=stages.zeros_row),
         num_clients=num_clients,
         **options,
     )

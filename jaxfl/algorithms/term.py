@@ -32,14 +32,8 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    ClientUpdateStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
 from jaxfl.primitives import tilted_risk_weights
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
@@ -50,7 +44,7 @@ def term(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
-    **options: Unpack[RoundOptions],
+    **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Client-level tilted ERM (see the module docstring).
 
@@ -75,12 +69,12 @@ def term(
         )
         return weights, state.extra, {}
 
-    return compose_round(
+    return stages.compose_round(
         "term",
         task,
         clients_per_round,
-        select=SelectStage(),
-        client_update=ClientUpdateStage(local=local, reports_initial_loss=True),
-        aggregate=AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
+        select=stages.SelectStage(),
+        client_update=stages.ClientUpdateStage(local=local, reports_initial_loss=True),
+        aggregate=stages.AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
         **options,
     )
