@@ -10,9 +10,13 @@ side, on the same cohorts (one `jaxfl run` per seed compares them), on
 * `synthetic`: Synthetic(1,1) of Li et al. (FedProx), 100 clients of
   power-law sizes, softmax regression, 10 clients per round, E = 20, B = 10,
   lr 0.01 (the FedProx paper's setting), 200 rounds;
+* `synthetic-e2`: the same with E = 2;
 * `fashion-mnist`: Fashion-MNIST over 100 clients by Dirichlet(0.1) label
-  proportions, a 64-unit MLP, 10 clients per round, E = 5, B = 32, lr 0.05,
-  100 rounds;
+  proportions (at least 2 examples each), a 64-unit MLP, 10 clients per
+  round, E = 5, B = 32, lr 0.05, 100 rounds, and the dataset's default cap
+  of 10 local steps (so nearly every client runs 10: FedNova is FedAvg);
+* `fashion-mnist-uncapped`: the same with E = 1 and no cap, so client i
+  runs ceil(n_i / 32) steps (1 to 120);
 
 and reports per algorithm, mean and standard deviation over seeds, the
 training objective sum_i n_i F_i(w) / sum_i n_i over the training clients,
@@ -46,11 +50,22 @@ SETTINGS = {
         "--dataset", "synthetic", "--rounds", "200", "--clients-per-round", "10", "--local-epochs", "20",
         "--batch-size", "10", "--lr", "0.01", "--eval-every", "200",
     ],
+    # The same with E = 2: fewer local steps between corrections.
+    "synthetic-e2": [
+        "--dataset", "synthetic", "--rounds", "200", "--clients-per-round", "10", "--local-epochs", "2",
+        "--batch-size", "10", "--lr", "0.01", "--eval-every", "200",
+    ],
     "fashion-mnist": [
         "--dataset", "fashion-mnist", "--dataset-option", "alpha=0.1", "--dataset-option", "min_size=2",
         "--model", "mlp", "--rounds", "100",
         "--clients-per-round", "10", "--local-epochs", "5", "--batch-size", "32", "--lr", "0.05",
         "--eval-every", "100",
+    ],
+    # Without the dataset's default cap of 10 local steps: tau_i = ceil(n_i / B), from 1 to 120.
+    "fashion-mnist-uncapped": [
+        "--dataset", "fashion-mnist", "--dataset-option", "alpha=0.1", "--dataset-option", "min_size=2",
+        "--model", "mlp", "--rounds", "100", "--clients-per-round", "10", "--local-epochs", "1",
+        "--batch-size", "32", "--max-local-steps", "100000", "--lr", "0.05", "--eval-every", "100",
     ],
 }  # fmt: skip
 

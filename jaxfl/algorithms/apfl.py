@@ -53,6 +53,8 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -78,6 +80,19 @@ def client_mixtures(alphas: jax.Array, local_models: Params, global_model: Param
         local_models,
         global_model,
     )
+
+
+def apfl_joint_objective(task: Task, params: Params, batch, valid, key) -> tuple[jax.Array, jax.Array]:
+    """F(w) + F(alpha v + (1 - alpha) w) on a minibatch, and the mixture's loss (reported).
+
+    Differentiated with respect to params = {'global': w, 'local': v, 'alpha'}:
+    d/dv is alpha grad F at the mixture, d/d alpha is <v - w, grad F> there;
+    w gets only its own gradient (the mixture's w is held fixed).
+    """
+    own = minibatch_loss(task, params["global"], batch, valid, key)
+    mixed = mixture(params["alpha"], params["local"], jax.lax.stop_gradient(params["global"]))
+    mixed_loss = minibatch_loss(task, mixed, batch, valid, key)
+    return own + mixed_loss, mixed_loss
 
 
 def apfl(
@@ -132,13 +147,7 @@ def apfl(
         # v_k^0 = w^0; with adaptation, alpha_k^0 = the hyperparameter alpha.
         return {"local": params, "alpha": hparams["apfl_alpha"]} if adaptive else params
 
-    def joint_objective(params, batch, valid, key):
-        # d/dv of F(alpha v + (1 - alpha) w) is alpha grad F at the mixture, d/d alpha is
-        # <v - w, grad F> there; w gets only its own gradient (the mixture's w is held fixed).
-        own = minibatch_loss(task, params["global"], batch, valid, key)
-        mixed = mixture(params["alpha"], params["local"], jax.lax.stop_gradient(params["global"]))
-        mixed_loss = minibatch_loss(task, mixed, batch, valid, key)
-        return own + mixed_loss, mixed_loss
+    joint_objective = functools.partial(apfl_joint_objective, task)
 
     def adaptive_step(hparams):
         def step(params, batch, valid, key):

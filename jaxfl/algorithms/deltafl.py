@@ -187,24 +187,29 @@ def deltafl(
       ValueError: an unknown reweighting or filtering, client filtering
         without a threshold, or invalid dp_bins/dp_bits.
     """
-    if reweighting not in REWEIGHTINGS:
-        raise ValueError(
-            f"reweighting must be one of {', '.join(REWEIGHTINGS)}, got {reweighting!r}"
-        )
-    if filtering not in FILTERINGS:
-        raise ValueError(
-            f"filtering must be one of {', '.join(FILTERINGS)}, got {filtering!r}"
-        )
-    if filtering == "client" and reweighting not in THRESHOLD_REWEIGHTINGS:
-        raise ValueError(
-            "filtering 'client' broadcasts a threshold: it needs reweighting "
-            f"threshold or dp, got {reweighting!r}"
-        )
-    if reweighting == "dp":
-        if dp_bins < 2 or dp_bins & (dp_bins - 1):
-            raise ValueError(f"dp_bins must be a power of two >= 2, got {dp_bins}")
-        if not 2 <= dp_bits <= 32:
-            raise ValueError(f"dp_bits must be in [2, 32], got {dp_bits}")
+    return stages.compose_round(
+        "deltafl",
+        task,
+        clients_per_round,
+        select=tail_selection(reweighting, filtering, dp_bins, dp_bits),
+        client_update=stages.ClientUpdateStage(local=local),
+        aggregate=stages.AggregateStage(),
+        **options,
+    )
+
+
+def tail_selection(
+    reweighting: str = "exact", filtering: str = "server", dp_bins: int = 32, dp_bits: int = 32
+) -> stages.SelectStage:
+    """Delta-FL's select stage: the cohort's losses F_i(w_t), read before training, weight its tail.
+
+    Args and numeric hyperparameters: `deltafl`'s.
+
+    Raises:
+      ValueError: an unknown reweighting or filtering, client filtering
+        without a threshold, or invalid dp_bins/dp_bits.
+    """
+    _check_tail_settings(reweighting, filtering, dp_bins, dp_bits)
     uses_threshold = reweighting in THRESHOLD_REWEIGHTINGS
 
     defaults = {"theta": 0.5}
@@ -264,21 +269,34 @@ def deltafl(
             metrics={"threshold": threshold, "threshold_recomputed": recompute},
         )
 
-    return stages.compose_round(
-        "deltafl",
-        task,
-        clients_per_round,
-        select=stages.SelectStage(
-            plan=plan,
-            reads_initial_loss=True,
-            weights_only=True,
-            hparam_defaults=defaults,
-            init=initial_threshold if uses_threshold else stages.SelectStage().init,
-        ),
-        client_update=stages.ClientUpdateStage(local=local),
-        aggregate=stages.AggregateStage(),
-        **options,
+    return stages.SelectStage(
+        plan=plan,
+        reads_initial_loss=True,
+        weights_only=True,
+        hparam_defaults=defaults,
+        init=initial_threshold if uses_threshold else stages.SelectStage().init,
     )
+
+
+def _check_tail_settings(reweighting: str, filtering: str, dp_bins: int, dp_bits: int) -> None:
+    if reweighting not in REWEIGHTINGS:
+        raise ValueError(
+            f"reweighting must be one of {', '.join(REWEIGHTINGS)}, got {reweighting!r}"
+        )
+    if filtering not in FILTERINGS:
+        raise ValueError(
+            f"filtering must be one of {', '.join(FILTERINGS)}, got {filtering!r}"
+        )
+    if filtering == "client" and reweighting not in THRESHOLD_REWEIGHTINGS:
+        raise ValueError(
+            "filtering 'client' broadcasts a threshold: it needs reweighting "
+            f"threshold or dp, got {reweighting!r}"
+        )
+    if reweighting == "dp":
+        if dp_bins < 2 or dp_bins & (dp_bins - 1):
+            raise ValueError(f"dp_bins must be a power of two >= 2, got {dp_bins}")
+        if not 2 <= dp_bits <= 32:
+            raise ValueError(f"dp_bits must be in [2, 32], got {dp_bits}")
 
 
 def initial_threshold(params) -> dict:

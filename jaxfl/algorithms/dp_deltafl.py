@@ -125,32 +125,6 @@ def dp_deltafl(
         raise ValueError(f"dp_scale must be an integer >= 1, got {dp_scale}")
     scale = int(dp_scale)
 
-    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
-        hparams = state.hparams
-        bound = hparams["dp_loss_bound"]
-        threshold = dp_quantile(
-            key,
-            jnp.clip(cohort.initial_loss, 0.0, bound),
-            hparams["theta"],
-            num_bins=dp_bins,
-            upper=bound,
-            sigma=hparams[QUANTILE_SIGMA],
-            scale=scale,
-            modulus=modulus,
-        )
-        # An uncalibrated (NaN) sigma must not pass for a noiseless quantile.
-        threshold = jnp.where(jnp.isnan(hparams[QUANTILE_SIGMA]), jnp.nan, threshold)
-        # Each client compares its own loss with the broadcast Q (weight 1:
-        # the average is over m_t clients, Algorithm 4 line 10).
-        weights, passes = jax.vmap(client_passes, in_axes=(0, None, None))(
-            cohort.initial_loss, jnp.float32(1.0), threshold
-        )
-        return stages.ClientPlan(
-            weights=weights,
-            active=passes,
-            metrics={"threshold": threshold},
-        )
-
     def aggregate(
         results: CohortResults,
         cohort: stages.Cohort,
@@ -202,8 +176,46 @@ def dp_deltafl(
         "dp-deltafl",
         task,
         clients_per_round,
-        select=stages.SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=defaults),
+        select=dp_quantile_selection(dp_bins, modulus, scale, defaults),
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(aggregate=aggregate),
         **stages.uniform_weights("dp-deltafl", options),
     )
+
+
+def dp_quantile_selection(
+    dp_bins: int, modulus: int, scale: int, hparam_defaults: dict
+) -> stages.SelectStage:
+    """DP Delta-FL's select stage: the DP quantile Q of the cohort's losses, and the clients at or above it.
+
+    Each client compares its own F_i(w_t), read before training, with the
+    broadcast Q (Pillutla et al. 2023, Algorithm 4).
+    """
+
+    def plan(cohort: stages.Cohort, state: ServerState, key: Key) -> stages.ClientPlan:
+        hparams = state.hparams
+        bound = hparams["dp_loss_bound"]
+        threshold = dp_quantile(
+            key,
+            jnp.clip(cohort.initial_loss, 0.0, bound),
+            hparams["theta"],
+            num_bins=dp_bins,
+            upper=bound,
+            sigma=hparams[QUANTILE_SIGMA],
+            scale=scale,
+            modulus=modulus,
+        )
+        # An uncalibrated (NaN) sigma must not pass for a noiseless quantile.
+        threshold = jnp.where(jnp.isnan(hparams[QUANTILE_SIGMA]), jnp.nan, threshold)
+        # Each client compares its own loss with the broadcast Q (weight 1:
+        # the average is over m_t clients, Algorithm 4 line 10).
+        weights, passes = jax.vmap(client_passes, in_axes=(0, None, None))(
+            cohort.initial_loss, jnp.float32(1.0), threshold
+        )
+        return stages.ClientPlan(
+            weights=weights,
+            active=passes,
+            metrics={"threshold": threshold},
+        )
+
+    return stages.SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=hparam_defaults)
