@@ -128,7 +128,7 @@ TINY_LABEL_SHIFT = [
 
 
 class StopAfter:
-    """A stop request (for `jaxfl.experiment.runner.current_request`) whose signal appears after `calls`
+    """A stop request (for `jaxfl.experiment.training_loop.current_request`) whose signal appears after `calls`
     reads: one read per compiled call."""
 
     def __init__(self, calls, number=None):

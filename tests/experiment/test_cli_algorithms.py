@@ -9,8 +9,8 @@ from round_records import assert_matches_record
 
 from jaxfl.algorithms import algorithm_names
 from jaxfl.cli import main
+from jaxfl.experiment import training_loop
 from jaxfl.experiment.config import make_config
-from jaxfl.experiment import runner
 from jaxfl.experiment.runner import setup
 
 # The tiny run of tests/experiment/test_cli.py.
@@ -206,7 +206,7 @@ def test_scaffold_control_variates_in_host_memory_resume_bit_for_bit(tmp_path, m
             "--rounds", "3", "--eval-every", "3", "--checkpoint-every", "1"]  # fmt: skip
     assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
     request = StopAfter(1)
-    monkeypatch.setattr(runner, "current_request", lambda: request)
+    monkeypatch.setattr(training_loop, "current_request", lambda: request)
     assert main([*argv, "--out", str(tmp_path / "stopped")]) == 130
     monkeypatch.undo()
     assert main(["run", "--resume", str(tmp_path / "stopped"), "--no-progress"]) == 0

@@ -14,7 +14,7 @@ from round_records import assert_matches_record
 from jaxfl.cli import main
 from jaxfl.data.registry import load_dataset
 from jaxfl.data.splits import split_client_examples
-from jaxfl.experiment import runner
+from jaxfl.experiment import training_loop
 
 TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3", "--no-progress"]
 
@@ -124,7 +124,7 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
     # from its checkpoint (which holds the host rows): still the sweep point's models.
     single = ["run", *common, "--lam", "2", "--client-state", "host", "--checkpoint-every", "1"]
     request = StopAfter(1)
-    monkeypatch.setattr(runner, "current_request", lambda: request)
+    monkeypatch.setattr(training_loop, "current_request", lambda: request)
     assert main([*single, "--out", str(tmp_path / "single")]) == 130
     monkeypatch.undo()
     assert main(["run", "--resume", str(tmp_path / "single"), "--no-progress"]) == 0

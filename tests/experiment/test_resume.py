@@ -20,7 +20,7 @@ import pytest
 from reference import TINY_LABEL_SHIFT, StopAfter, csv_rows
 
 from jaxfl.cli import main
-from jaxfl.experiment import runner
+from jaxfl.experiment import training_loop
 from jaxfl.experiment.run_directory import MARKER
 from jaxfl.experiment.saved_model import load_model
 
@@ -57,7 +57,7 @@ def _assert_same_params(a, b):
 
 def _interrupt(monkeypatch, argv, calls, number=signal.SIGINT):
     request = StopAfter(calls, number)
-    monkeypatch.setattr(runner, "current_request", lambda: request)
+    monkeypatch.setattr(training_loop, "current_request", lambda: request)
     status = main(argv)
     monkeypatch.undo()
     return status

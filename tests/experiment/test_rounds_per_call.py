@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxfl.experiment import runner
+from jaxfl.experiment import runner, training_loop
 from jaxfl.experiment.config import make_config
 from jaxfl.experiment.runner import rounds_per_call, run_algorithm, setup
 from jaxfl.experiment.sweep import SweepPoint, run_sweep
@@ -48,7 +48,7 @@ def test_fused_rounds_equal_one_round_per_call(monkeypatch):
     fused = run_algorithm(run_setup, "deltafl")
     sweep_fused = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
     assert fused.timing["rounds_per_call"] == 2  # 8 CPU devices in tests: sharded rounds fuse.
-    monkeypatch.setattr(runner, "MAX_ROUNDS_PER_CALL", 1)
+    monkeypatch.setattr(training_loop, "MAX_ROUNDS_PER_CALL", 1)
     single = run_algorithm(run_setup, "deltafl")
     sweep_single = run_sweep(run_setup, "deltafl", [SweepPoint({"theta": 0.3}, seed=1)])[0]
     assert single.timing["rounds_per_call"] == 1

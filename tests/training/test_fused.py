@@ -329,12 +329,13 @@ def test_cli_refuses_the_fused_loop_off_a_gpu(tmp_path, capsys):
 )
 def test_auto_local_loop_per_backend(backend, loop, monkeypatch):
     from jaxfl.experiment import runner
+    from jaxfl.experiment.config import ConfigError
 
     monkeypatch.setattr(runner.jax, "default_backend", lambda: backend)
     assert runner.choose_local_loop("auto") == loop
     assert runner.choose_local_loop("scan") == "scan"
     if backend != "gpu":
-        with pytest.raises(runner.ConfigError, match="needs a GPU"):
+        with pytest.raises(ConfigError, match="needs a GPU"):
             runner.choose_local_loop("fused")
     if backend == "tpu":  # The Python API's 'fused' falls back to the scan there.
         linear = make_model("linear", (9,), 4)

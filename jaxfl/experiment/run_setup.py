@@ -1,0 +1,402 @@
+"""A run built from its config: data placed, model and algorithms built, settings checked (`setup`).
+
+Everything here happens once, before the first round: choosing the client
+strategy and local loop, the server optimizer, the settings no chosen
+algorithm uses, the model and its fit to the data's targets, where the
+training clients' examples live, and the clients' own test splits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jaxfl.algorithms.base import (
+    FederatedAlgorithm,
+    server_optimizer,
+)
+from jaxfl.algorithms.registry import (
+    CLIENT_STATE_ALGORITHMS,
+    PERSONAL_MODEL_ALGORITHMS,
+    SPECS,
+    Engine,
+    algorithm_names,
+    algorithm_spec,
+    build_algorithm,
+    hparam_fields,
+)
+from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
+from jaxfl.data.population import FederatedDataset
+from jaxfl.data.registry import load_dataset
+from jaxfl.data.splits import split_client_examples
+from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
+from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
+
+# The settings of a built algorithm; also imported from here.
+from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options
+from jaxfl.experiment.robustness import run_robustness
+from jaxfl.models.networks import count_parameters, make_model
+from jaxfl.training.local import LocalTraining, Task
+from jaxfl.training.strategies import ClientStrategy, default_strategy, parse_strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A validated run, ready to train: data, model and algorithms built."""
+
+    config: RunConfig
+    dataset: FederatedDataset
+    engine: Engine
+    algorithms: dict[str, FederatedAlgorithm]
+    hparams: dict[str, dict[str, float]]  # algorithm name -> its init hparams
+    ignored_settings: tuple[str, ...] = ()  # set, but no chosen algorithm uses them
+    placement: Placement | None = None  # where the training clients' examples live
+    corrupted: np.ndarray | None = None  # [N] bool: the attack's corrupted training clients
+
+
+def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
+    if text == "auto":
+        return default_strategy(
+            jax.default_backend(), num_parameters, jax.local_device_count()
+        )
+    try:
+        return parse_strategy(text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def choose_local_loop(text: str) -> str:
+    """'auto' resolves from measurements (docs/strategies.md, "The measurements
+    behind them"): on a GPU the fused kernel (`jaxfl.training.fused`, dense
+    models; the scan for the others), each round one CUDA graph; TPUs take
+    the fixed-length scan, which on GPUs beat the while loop (a loop whose
+    trip count is data-dependent waits for its predicate on the host every
+    iteration there); on the CPU the while loop, which skips padding steps,
+    was faster in every layout.
+
+    Raises:
+      ConfigError: 'fused' off a GPU (its kernel is a Triton one; on CPU
+        it runs only in the Pallas interpreter, for tests).
+    """
+    backend = jax.default_backend()
+    if text == "fused" and backend != "gpu":
+        raise ConfigError(
+            f"local_loop 'fused' needs a GPU (the backend is {backend}); use scan, while or auto"
+        )
+    if text != "auto":
+        return text
+    if backend == "gpu":
+        return "fused"
+    return "scan" if backend == "tpu" else "while"
+
+
+def run_server_optimizer(config: RunConfig):
+    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`)."""
+    return server_optimizer(
+        config.server_optimizer,
+        config.server_lr,
+        momentum=config.server_momentum,
+        beta1=config.server_beta1,
+        beta2=config.server_beta2,
+        epsilon=config.server_epsilon,
+    )
+
+
+_SERVER_OPTIMIZER_SETTINGS = {
+    "server_momentum": ("sgd", "avgm"),
+    "server_beta1": ("adam", "yogi"),
+    "server_beta2": ("adam", "yogi"),
+    "server_epsilon": ("adagrad", "adam", "yogi"),
+}
+
+
+_FINETUNE_SETTINGS = ("finetune_epochs", "finetune_ewc", "finetune_skl")
+
+
+def ignored_settings(
+    config: RunConfig, algorithms: dict[str, FederatedAlgorithm]
+) -> tuple[str, ...]:
+    """Algorithm settings changed from their default that no chosen algorithm uses.
+
+    Such a setting is accepted and ignored (a comparison of several
+    algorithms shares one configuration); `setup` prints a warning for each.
+    """
+    defaults = RunConfig()
+    settings = sorted(
+        {f for spec in SPECS.values() for f in (*spec.hparams, *spec.options)}
+        | {f for spec in SPECS.values() if spec.privacy for f in spec.privacy.settings}
+    )
+    used = set()
+    for name, algorithm in algorithms.items():
+        spec = algorithm_spec(name)
+        used.update(hparam_fields(name, algorithm), spec.options)
+        if spec.privacy is not None:
+            used.update(spec.privacy.settings)
+    used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if config.server_optimizer in users)
+    # Fine-tuning serves the algorithms without personal models of their own; the
+    # client-state layout, those with per-client state.
+    if any(n not in PERSONAL_MODEL_ALGORITHMS and a.personalize is None for n, a in algorithms.items()):
+        used.update(_FINETUNE_SETTINGS)
+    if any(name in CLIENT_STATE_ALGORITHMS for name in algorithms):
+        used.add("client_state")
+    settings = sorted({*settings, *_SERVER_OPTIMIZER_SETTINGS, *_FINETUNE_SETTINGS, "client_state"})
+    return tuple(
+        field
+        for field in settings
+        if field not in used and getattr(config, field) != getattr(defaults, field)
+    )
+
+
+SEQUENCE_MODELS = ("char-lstm", "word-lstm", "transformer")
+PRETRAINED_EMBEDDING_MODELS = ("sent140-lstm", "mean-embedding-logistic")
+
+
+def frozen_embeddings(config: RunConfig):
+    """The GloVe vectors the Sent140 token models embed with, or None for other models.
+
+    The same vectors the 'sent140' dataset looked its words up in
+    (`jaxfl.data.formats.glove.find_glove` with the dataset's embedding_dim).
+    """
+    if config.model not in PRETRAINED_EMBEDDING_MODELS:
+        return None
+    from jaxfl.data.formats.glove import find_glove
+
+    dim = int(config.dataset_options.get("embedding_dim", 50))
+    return find_glove(config.data_dir, dim).vectors
+
+
+def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
+    """A one-line ConfigError unless the model predicts what the examples hold.
+
+    One label per example needs logits `[C]` (or `[1]`: a binary label);
+    a token sequence y `[L]` (int32 ids) needs logits `[L, V]`; multi-label
+    indicators y `[T]` (any other dtype) need logits `[T]`. Checked on
+    shapes and dtypes only.
+    """
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    example = jax.ShapeDtypeStruct((1, *dataset.input_shape), dataset.train.features["x"].dtype)
+    logits = jax.eval_shape(model.apply, params, example).shape[1:]
+    target = tuple(dataset.train.features["y"].shape[1:])
+    if len(target) == 1 and dataset.train.features["y"].dtype != np.int32:
+        if logits != target:
+            raise ConfigError(
+                f"dataset {config.dataset} has {target[0]} labels per example (multi-label) and model "
+                f"{config.model} predicts {list(logits)} outputs: choose a classifier of {target[0]} "
+                "outputs (e.g. bag-logistic)"
+            )
+        return
+    if target and logits[:-1] != target:
+        raise ConfigError(
+            f"dataset {config.dataset} has {list(target)} targets per example (a sequence layout) and "
+            f"model {config.model} predicts one label per example: choose {', '.join(SEQUENCE_MODELS)}, "
+            "or a one-label layout (e.g. --dataset-option layout=next-char)"
+        )
+    if not target and len(logits) != 1:
+        raise ConfigError(
+            f"dataset {config.dataset} has one label per example and model {config.model} predicts "
+            f"{list(logits[:-1])} tokens: choose a classifier, or --dataset-option layout=sequence"
+        )
+    if not target and logits[0] not in (1, dataset.num_classes):
+        raise ConfigError(
+            f"model {config.model} has {logits[0]} outputs and dataset {config.dataset} "
+            f"{dataset.num_classes} classes"
+        )
+
+
+def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
+    """The training clients' own validation examples, where an algorithm chooses on them.
+
+    Ditto's dynamic lambda (`--ditto-dynamic-lam`) reads them inside the
+    compiled round, given with the training examples (`training_input`);
+    None where no algorithm of the run does.
+
+    Raises:
+      ConfigError: dynamic lambda without validation client k = training client k.
+    """
+    if not (config.ditto_dynamic_lam and "ditto" in config.algorithms):
+        return None
+    if dataset.validation is None or not dataset.personal_splits:
+        raise ConfigError(
+            "ditto_dynamic_lam chooses on each client's own validation examples: give --client-split and "
+            "--client-validation-split (or a dataset whose validation clients are its training clients)"
+        )
+    return dataset.validation
+
+
+@held_warnings()
+def setup(config: RunConfig) -> Setup:
+    """Builds everything a run needs, checking what depends on the data.
+
+    Warnings (settings accepted that change nothing) are printed once every
+    check passed; a refused run prints only its error.
+
+    Raises:
+      ConfigError: an invalid combination (unknown algorithm or dataset
+        option, more clients per round than training clients, ...).
+    """
+    for name in config.algorithms:
+        if name not in algorithm_names():
+            raise ConfigError(
+                f"algorithm must be one of {', '.join(algorithm_names())}, got {name!r}"
+            )
+    try:
+        dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+    except ValueError as error:
+        raise ConfigError(str(error).splitlines()[0]) from None
+    if config.client_validation_split is not None and config.client_split is None:
+        raise ConfigError("client_validation_split needs client_split (the clients' own test data)")
+    if config.client_split is not None:
+        dataset = personal_test_split(
+            dataset, config.client_split, config.seed, validation_fraction=config.client_validation_split
+        )
+    robustness, dataset, corrupted = run_robustness(config, dataset)
+    dataset, placement = place_dataset(dataset, config.residency)
+    num_train = dataset.train.num_clients
+    if config.clients_per_round > num_train:
+        raise ConfigError(
+            f"clients_per_round must be in [1, {num_train}] (the training clients "
+            f"of {config.dataset}), got {config.clients_per_round}"
+        )
+    try:
+        model = make_model(
+            config.model,
+            dataset.input_shape,
+            dataset.num_classes,
+            hidden_sizes=config.hidden_sizes,
+            input_vocab_size=dataset.input_vocab_size,
+            embedding_dim=config.embedding_dim,
+            embedding_table=frozen_embeddings(config),
+        )
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+    check_model_fits_targets(model, dataset, config)
+    num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
+    strategy = choose_strategy(config.strategy, num_parameters)
+    strategy = choose_client_state(config, strategy, num_train, num_parameters)
+    if strategy.host_client_state and "l2sgd" in config.algorithms:
+        advice = (
+            "--client-state auto chose host memory, as they fit the devices neither replicated nor split: "
+            "use fewer training clients" if config.client_state == "auto"
+            else "use --client-state replicated or split"
+        )
+        raise ConfigError(
+            f"l2sgd averages all N personal models every round, so they cannot live in host memory; {advice}"
+        )
+    engine = Engine(
+        task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
+        local=LocalTraining(
+            batch_size=config.batch_size,
+            num_epochs=config.local_epochs,
+            max_steps=config.max_local_steps,
+            loop=choose_local_loop(config.local_loop),
+        ),
+        clients_per_round=config.clients_per_round,
+        strategy=strategy,
+        server_tx=run_server_optimizer(config),
+        client_weighting=config.client_weighting,
+        num_clients=num_train,
+        robustness=robustness,
+        personal_validation=personal_validation_examples(config, dataset),
+    )
+    # Before anything of the round is allocated (docs/reliability.md).
+    check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
+    for message in data_warnings(config, dataset, engine.local):
+        warn(message)
+    algorithms, hparams = {}, {}
+    for name in config.algorithms:
+        try:
+            algorithms[name] = build_algorithm(
+                name, engine, algorithm_options(config, name)
+            )
+        except ValueError as error:
+            raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
+        hparams[name] = algorithm_hparams(config, name, algorithms[name])
+        privacy = algorithm_spec(name).privacy
+        if privacy is not None:
+            # Noise calibrated to the privacy budget (and every privacy
+            # setting checked) before anything trains.
+            try:
+                hparams[name].update(
+                    privacy.calibrate(
+                        config,
+                        num_clients=num_train,
+                        clients_per_round=config.clients_per_round,
+                        hparams=hparams[name],
+                    )
+                )
+            except ValueError as error:
+                raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
+    ignored = ignored_settings(config, algorithms)
+    for field in ignored:
+        warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
+    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted)
+
+
+def placement_line(run_setup: Setup) -> str:
+    """One line saying where the training clients live and why (printed by the CLI)."""
+    placement = run_setup.placement
+    if placement is None or placement.residency == "device":
+        reason = placement.reason if placement else "generated in memory"
+        return f"training clients: device-resident ({reason})"
+    rows = run_setup.dataset.train.cohort_rows(run_setup.engine.clients_per_round)
+    return (
+        f"training clients: host-resident, memory-mapped ({placement.reason}); each round's cohort "
+        f"({rows} rows at most) is gathered on the host one call ahead"
+    )
+
+
+def place_dataset(dataset: FederatedDataset, residency: str) -> tuple[FederatedDataset, Placement]:
+    """Puts the training clients on the device or keeps them in host memory.
+
+    `residency` 'auto' chooses the device when the training population fits
+    (`jaxfl.data.host.choose_residency`). Test and validation clients go to
+    the device when they fit, whatever the training clients do: evaluation
+    streams host-resident ones in blocks.
+    """
+    placement = choose_residency(dataset.train.nbytes, residency)
+    placed = {"train": place_population(dataset.train, placement.residency)}
+    for name in ("test", "validation"):
+        population = getattr(dataset, name)
+        if population is not None:
+            requested = "device" if placement.residency == "device" else "auto"
+            where = choose_residency(population.nbytes, requested)
+            placed[name] = place_population(population, where.residency)
+    return dataclasses.replace(dataset, **placed), placement
+
+
+def personal_test_split(
+    dataset: FederatedDataset, fraction: float, seed: int, *, validation_fraction: float | None = None
+) -> FederatedDataset:
+    """`--client-split`: every training client's examples split into train and its own test.
+
+    Client k keeps a `1 - fraction` share of its examples for training and
+    the rest becomes test client k (`jaxfl.data.splits.split_client_examples`,
+    seeded by the run's seed); the dataset's own test and validation clients are
+    not used. With `validation_fraction`, that share of each client's
+    examples becomes validation client k (its own validation data, e.g. for
+    choosing Ditto's lambda per client). The split is made in memory (a
+    cached dataset is read whole).
+    Personalization is evaluated this way (Li 2023, Appendix 5.7.4: each
+    device's 72/8/20 split).
+    """
+    train, test = split_client_examples(dataset.train, 1.0 - fraction, seed)
+    validation = None
+    if validation_fraction is not None:
+        if validation_fraction + fraction >= 1.0:
+            raise ConfigError(
+                f"client_split={fraction:g} and client_validation_split={validation_fraction:g} leave "
+                "no training examples: their sum must be below 1"
+            )
+        kept = 1.0 - validation_fraction / (1.0 - fraction)
+        train, validation = split_client_examples(train, kept, seed + 1)
+    if isinstance(dataset.train, HostPopulation):
+        # A cached dataset stays a host population (placed on the device by
+        # `place_dataset` when it fits), now held in memory rather than mapped.
+        train, test = HostPopulation.from_device(train), HostPopulation.from_device(test)
+        validation = None if validation is None else HostPopulation.from_device(validation)
+    return dataclasses.replace(dataset, train=train, test=test, validation=validation, personal_splits=True)
+
+
+# fold_in data of the run key's fine-tuning stream (apart from the rounds').
