@@ -13,6 +13,14 @@ import tempfile
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Converted datasets go to a cache of this test session, never the user's.
 os.environ["JAXFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxfl-test-cache-")
+# Compiled programs are shared by the processes of this test run (its xdist workers and the runs
+# they start): many tests compile the same small round, and compilation dominates the suite.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"jaxfl-test-xla-{_RUN}")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 
@@ -20,6 +28,14 @@ jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
 jax.config.update("jax_disable_most_optimizations", True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The run's compilation cache goes with it (the controller removes it, after its workers)."""
+    import shutil
+
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

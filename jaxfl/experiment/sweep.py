@@ -139,8 +139,9 @@ def batched_evaluator(run_setup: Setup) -> Callable:
     engine, dataset = run_setup.engine, run_setup.dataset
     entry = _BATCHED_EVALUATORS.get(id(dataset))
     if entry is None or entry[0]() is not dataset:
-        # The default binds this dataset's id for the weakref callback.
-        forget = lambda _, key=id(dataset): _BATCHED_EVALUATORS.pop(key, None)  # noqa: E731, B008
+        # The defaults bind the weakref callback to this dataset's id and to the cache itself (module
+        # teardown may have cleared the global by the time the callback runs).
+        forget = lambda _, key=id(dataset), cache=_BATCHED_EVALUATORS: cache.pop(key, None)  # noqa
         entry = (weakref.ref(dataset, forget), {})
         _BATCHED_EVALUATORS[id(dataset)] = entry
     evaluators = entry[1]

@@ -201,16 +201,17 @@ def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, caps
 
 def test_scaffold_control_variates_in_host_memory_resume_bit_for_bit(tmp_path, monkeypatch, capsys):
     # SCAFFOLD's c_i are per-client state that is not a model: kept in host memory, checkpointed
-    # with the run and resumed, they give the uninterrupted run's results; no personal models.
+    # with the run and resumed, they give the uninterrupted run's results (its record); no personal
+    # models.
     argv = ["run", *TINY, "--algorithm", "scaffold", "--scaffold-option", "1", "--client-state", "host",
-            "--rounds", "3", "--eval-every", "3", "--checkpoint-every", "1"]  # fmt: skip
-    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+            "--rounds", "3", "--eval-every", "3", "--checkpoint-every", "1", "--out", str(tmp_path / "run")]
     request = StopAfter(1)
     monkeypatch.setattr(training_loop, "current_request", lambda: request)
-    assert main([*argv, "--out", str(tmp_path / "stopped")]) == 130
+    assert main(argv) == 130
     monkeypatch.undo()
-    assert main(["run", "--resume", str(tmp_path / "stopped"), "--no-progress"]) == 0
+    assert main(["run", "--resume", str(tmp_path / "run"), "--no-progress"]) == 0
     assert "scaffold (personal" not in capsys.readouterr().out
-    summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("whole", "stopped")]
-    assert summaries[0]["client_state"] == "host" and "personal_test_error" not in summaries[0]
-    assert summaries[0]["test_error"] == summaries[1]["test_error"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["client_state"] == "host" and "personal_test_error" not in summary
+    assert json.loads((tmp_path / "run" / "timing.json").read_text())["resumed_from_round"] >= 1
+    assert_matches_record("scaffold-option-1-host-state", tmp_path / "run", ["scaffold"])
