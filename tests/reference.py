@@ -128,8 +128,8 @@ TINY_LABEL_SHIFT = [
 
 
 class StopAfter:
-    """A stop request (for `jaxfl.experiment.training_loop.current_request`) whose signal appears after `calls`
-    reads: one read per compiled call."""
+    """A stop request (for `jaxfl.experiment.training_loop.current_request`) whose signal appears
+    after `calls` reads: one read per compiled call."""
 
     def __init__(self, calls, number=None):
         import signal

@@ -159,7 +159,8 @@ def test_sharded_layout_matches_vmap():
 
 def test_stragglers_dropped_by_fedavg_keep_their_local_models():
     layout = ClientStrategy("vmap")
-    algorithm = apfl(fedavg(TASK, LOCAL, 4, strategy=layout, stragglers=0.5), TASK, LOCAL, 4, N, strategy=layout)
+    global_algorithm = fedavg(TASK, LOCAL, 4, strategy=layout, stragglers=0.5)
+    algorithm = apfl(global_algorithm, TASK, LOCAL, 4, N, strategy=layout)
     state, metrics = run_rounds(algorithm, algorithm.init(initial_params(), {"lr": LR}), 1, KEY)
     keys = round_keys(KEY, jnp.int32(0))
     ids = np.asarray(_sample_cohort(keys.sampling, POPULATION, 4))

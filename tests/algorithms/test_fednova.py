@@ -61,8 +61,9 @@ def test_fednova_matches_a_loop_over_clients_with_stragglers(weighting):
     assert_params_close(state.params, kernel, bias)
     for got, want in zip(metrics, history, strict=True):
         assert got["stragglers"] == 2
-        tau = np.array([math.ceil(SIZES[i] / 4) * e for i, e in zip(want["ids"], want["epochs"], strict=True)])
-        alpha = np.array([SIZES[i] for i in want["ids"]], float) if weighting == "num_examples" else np.ones(M)
+        ids, epochs = want["ids"], want["epochs"]
+        tau = np.array([math.ceil(SIZES[i] / 4) * e for i, e in zip(ids, epochs, strict=True)])
+        alpha = np.array([SIZES[i] for i in ids], float) if weighting == "num_examples" else np.ones(M)
         np.testing.assert_allclose(got["tau_eff"], (alpha / alpha.sum() * tau).sum(), rtol=1e-6)
 
 

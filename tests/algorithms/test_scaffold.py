@@ -38,7 +38,8 @@ def build(option, strategy=ClientStrategy("vmap")):
 def run(option, num_rounds=3, strategy=ClientStrategy("vmap")):
     algorithm = build(option, strategy)
     state = algorithm.init(initial_params(), {"lr": LR, "l2": L2})
-    return run_rounds(algorithm, state, num_rounds, KEY, strategy=None if strategy.kind == "vmap" else strategy)
+    placed = None if strategy.kind == "vmap" else strategy
+    return run_rounds(algorithm, state, num_rounds, KEY, strategy=placed)
 
 
 def scaffold_reference(option, num_rounds):

@@ -91,7 +91,10 @@ def _find_idx(dataset: str, data_dir: Path | None, defaults: Sequence[str]) -> d
             places = [data_dir] if data_dir is not None else [Path(d) for d in defaults]
             how = None
             if data_dir is None and DEBIAN_FASHION_MNIST in defaults:
-                how = "apt-get install dataset-fashion-mnist, or --data-dir with the IDX files (docs/datasets.md)"
+                how = (
+                    "apt-get install dataset-fashion-mnist, or --data-dir with the IDX files "
+                    "(docs/datasets.md)"
+                )
             raise missing(dataset, f"IDX file {stem}[.gz]", places, how)
         found[key] = path
     return found
