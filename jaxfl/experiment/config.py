@@ -531,21 +531,8 @@ def check_value(name: str, value: Any) -> Any:
         if meta["optional"]:
             return None
         raise ConfigError(f"{name} must be set")
-    if name == "dataset_options":
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"dataset_options must be a table of option = value, got {_shown(value)}")
-        for key in value:
-            if not isinstance(key, str) or not key:
-                raise ConfigError(f"dataset_options keys must be option names, got {_shown(key)}")
-        return dict(value)
-    if name == "hidden_sizes":
-        if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)) or not value or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX for v in value
-        ):
-            raise ConfigError(
-                f"hidden_sizes must be a non-empty list of integers in [1, {INT32_MAX}], got {_shown(value)}"
-            )
-        return tuple(value)
+    if name in ("dataset_options", "hidden_sizes"):
+        return _collection(name, value)
     if kind == "bool":
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {_shown(value)}")
@@ -560,24 +547,7 @@ def check_value(name: str, value: Any) -> Any:
             )
         value = int(value)
     elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name} must be a number{_ranged(meta)}, got {_shown(value)}")
-        try:
-            value = float(value)
-        except OverflowError:  # An integer beyond float64.
-            value = math.inf if value > 0 else -math.inf
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number{_ranged(meta)}, got {_shown(value)}")
-        if abs(value) > FLOAT32_MAX:
-            raise ConfigError(
-                f"{name} must be a number{_ranged(meta)} that float32 holds (magnitude <= "
-                f"{FLOAT32_MAX:.8g}), got {value!r}"
-            )
-        if value != 0 and abs(value) < FLOAT32_TINY:
-            raise ConfigError(
-                f"{name} must be a number{_ranged(meta)}, got {value!r}, which float32 computes as 0 "
-                f"(nonzero magnitudes must be >= {FLOAT32_TINY:.8g})"
-            )
+        value = _float32_number(name, value, meta)
     elif kind == "str" and not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {_shown(value)}")
     if meta["choices"] is not None and value not in meta["choices"]:
@@ -602,6 +572,47 @@ def check_value(name: str, value: Any) -> Any:
     if name == "dp_bins" and value & (value - 1):
         raise ConfigError(
             f"dp_bins must be a power of two{_ranged(meta)}, got {value!r}"
+        )
+    return value
+
+
+def _collection(name: str, value: Any) -> Any:
+    """`dataset_options` (a table of option names) or `hidden_sizes` (positive int32 widths), checked."""
+    if name == "dataset_options":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"dataset_options must be a table of option = value, got {_shown(value)}")
+        for key in value:
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"dataset_options keys must be option names, got {_shown(key)}")
+        return dict(value)
+    if isinstance(value, (str, Mapping)) or not isinstance(value, (list, tuple)) or not value or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX for v in value
+    ):
+        raise ConfigError(
+            f"hidden_sizes must be a non-empty list of integers in [1, {INT32_MAX}], got {_shown(value)}"
+        )
+    return tuple(value)
+
+
+def _float32_number(name: str, value: Any, meta: Mapping[str, Any]) -> float:
+    """`value` as a float that float32 represents as itself (finite, not flushed to 0); else ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number{_ranged(meta)}, got {_shown(value)}")
+    try:
+        value = float(value)
+    except OverflowError:  # An integer beyond float64.
+        value = math.inf if value > 0 else -math.inf
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number{_ranged(meta)}, got {_shown(value)}")
+    if abs(value) > FLOAT32_MAX:
+        raise ConfigError(
+            f"{name} must be a number{_ranged(meta)} that float32 holds (magnitude <= "
+            f"{FLOAT32_MAX:.8g}), got {value!r}"
+        )
+    if value != 0 and abs(value) < FLOAT32_TINY:
+        raise ConfigError(
+            f"{name} must be a number{_ranged(meta)}, got {value!r}, which float32 computes as 0 "
+            f"(nonzero magnitudes must be >= {FLOAT32_TINY:.8g})"
         )
     return value
 
