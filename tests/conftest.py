@@ -15,10 +15,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxfl-test-cache-")
 # Compiled programs are shared by the processes of this test run (its xdist workers and the runs
 # they start): many tests compile the same small round, and compilation dominates the suite.
+# A cache directory the user chose is used as it is, and never removed.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"jaxfl-test-xla-{_RUN}")
-)
+_OWN_XLA_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _OWN_XLA_CACHE = os.path.join(tempfile.gettempdir(), f"jaxfl-test-xla-{_RUN}")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_XLA_CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")  # Writing tiny ones costs more.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -34,8 +36,8 @@ def pytest_sessionfinish(session, exitstatus):
     """The run's compilation cache goes with it (the controller removes it, after its workers)."""
     import shutil
 
-    if not hasattr(session.config, "workerinput"):
-        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    if _OWN_XLA_CACHE is not None and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,6 +34,7 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.aggregators.base import per_client
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.training.cohort import CohortData, CohortResults, weighted_mean
@@ -43,9 +44,6 @@ from jaxfl.types import Key, Params
 FEDDYN_HPARAM_DEFAULTS = {"feddyn_alpha": 0.01}
 
 
-
-def _per_client(values: jax.Array, leaf: jax.Array) -> jax.Array:
-    return values.reshape((-1,) + (1,) * (leaf.ndim - 1))
 
 
 def feddyn(
@@ -66,7 +64,7 @@ def feddyn(
         trained = results.num_steps > 0
         alpha = state.hparams["feddyn_alpha"]
         new_rows = jax.tree.map(
-            lambda g, delta: jnp.where(_per_client(trained, g), g - alpha * delta, g), rows, results.deltas
+            lambda g, delta: jnp.where(per_client(trained, g), g - alpha * delta, g), rows, results.deltas
         )
         return new_rows, None
 

@@ -92,16 +92,17 @@ def qffl_coefficients(losses, sq_norms, alpha, q, lipschitz):
 
 def qffl_update(
     deltas: Params, losses: jax.Array, alpha: jax.Array, state: ServerState
-) -> tuple[Params, jax.Array]:
-    """(sum_k c_k delta_k, c): the q-FFL step from per-client updates and losses.
+) -> stages.Aggregation:
+    """The q-FFL step sum_k c_k delta_k from per-client updates and losses, as an `Aggregation`.
 
     c = `qffl_coefficients` with q = `state.hparams['q']` and L = 1 / this
-    round's local learning rate.
+    round's local learning rate; the weights reported are c, and the metric
+    'step_scale' is sum_k c_k.
     """
     lipschitz = 1.0 / local_learning_rate(state.hparams, state.round)
     coefficients = qffl_coefficients(losses, per_client_sq_norm(deltas), alpha, state.hparams["q"], lipschitz)
     mean_delta = jax.tree.map(lambda x: jnp.tensordot(coefficients, x, axes=(0, 0)).astype(x.dtype), deltas)
-    return mean_delta, coefficients
+    return stages.Aggregation(mean_delta, coefficients, state.extra, {"step_scale": jnp.sum(coefficients)})
 
 
 def qffl(
@@ -151,9 +152,7 @@ def qffl(
         key: Key,
     ) -> stages.Aggregation:
         del plan, key  # Unused.
-        mean_delta, coefficients = qffl_update(results.deltas, cohort.initial_loss, cohort.alpha, state)
-        metrics = {"step_scale": jnp.sum(coefficients)}
-        return stages.Aggregation(mean_delta, coefficients, state.extra, metrics)
+        return qffl_update(results.deltas, cohort.initial_loss, cohort.alpha, state)
 
     return stages.compose_round(
         name,

@@ -79,9 +79,7 @@ def qmaml(
     ) -> stages.Aggregation:
         del plan, key  # Unused.
         # The adapted model's loss on D'_k is the step's reported loss.
-        mean_delta, coefficients = qffl_update(results.deltas, results.mean_batch_loss, cohort.alpha, state)
-        metrics = {"step_scale": jnp.sum(coefficients)}
-        return stages.Aggregation(mean_delta, coefficients, state.extra, metrics)
+        return qffl_update(results.deltas, results.mean_batch_loss, cohort.alpha, state)
 
     return stages.compose_round(
         "qmaml",

@@ -36,6 +36,7 @@ from typing import Unpack
 import jax
 import jax.numpy as jnp
 
+from jaxfl.aggregators.base import per_client
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
@@ -89,15 +90,14 @@ def scaffold(
             steps = jnp.maximum(results.num_steps, 1).astype(jnp.float32)
 
             def option_2(c, c_i, delta):
-                scale = (1.0 / (steps * lr)).reshape((-1,) + (1,) * (delta.ndim - 1))
-                return c_i - c[None] - scale * delta
+                return c_i - c[None] - per_client(1.0 / (steps * lr), delta) * delta
 
             new_rows = jax.tree.map(option_2, state.extra, rows, results.deltas)
         else:
             gradients = cohort_gradients(task, strategy, state.params, cohort)
             new_rows = jax.tree.map(lambda g, x: g + state.hparams["l2"] * x[None], gradients, state.params)
         new_rows = jax.tree.map(
-            lambda new, old: jnp.where(trained.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+            lambda new, old: jnp.where(per_client(trained, new), new, old),
             new_rows,
             rows,
         )

@@ -199,7 +199,7 @@ def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, caps
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
 
 
-def test_scaffold_control_variates_in_host_memory_resume_bit_for_bit(tmp_path, monkeypatch, capsys):
+def test_scaffold_control_variates_in_host_memory_resume_to_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
     # SCAFFOLD's c_i are per-client state that is not a model: kept in host memory, checkpointed
     # with the run and resumed, they give the uninterrupted run's results (its record); no personal
     # models.
