@@ -257,7 +257,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 
 def _list() -> None:
-    from jaxfl.algorithms.registry import ALGORITHMS
+    from jaxfl.algorithms.registry import SPECS
     from jaxfl.data.registry import dataset_listing
     from jaxfl.experiment.presets import PRESETS
     from jaxfl.models.networks import model_names
@@ -269,8 +269,8 @@ def _list() -> None:
         status = spec.status() if spec.status else "generated"
         print(f"  {'':16s}   source: {spec.source}; default model: {model}; {status}")
     print("algorithms:")
-    for name, (_, description) in ALGORITHMS.items():
-        print(f"  {name:16s} {description}")
+    for name, spec in SPECS.items():
+        print(f"  {name:16s} {spec.description}")
     print("models:", ", ".join(model_names()))
     print("tasks (--task NAME: a published protocol; flags override its settings; docs/tasks.md):")
     for name, preset in PRESETS.items():

@@ -56,10 +56,17 @@ def test_the_write_your_own_algorithm_page_runs(capsys):
     # Its Python blocks, in order, in one namespace: the FedNova built there trains.
     page = (ROOT / "docs" / "write-an-algorithm.md").read_text()
     blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace = {}
     for block in blocks:
         exec(compile(block, "write-an-algorithm.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert out.startswith("round 5: train loss ") and "tau_eff" in out
+    # Its registry builder makes the same algorithm from a run's shared pieces.
+    jaxfl, task = namespace["jaxfl"], namespace["task"]
+    engine = jaxfl.Engine(
+        task, jaxfl.LocalTraining(batch_size=10), 10, jaxfl.ClientStrategy("vmap"),
+        jaxfl.server_optimizer("sgd"), "num_examples",
+    )
+    assert namespace["from_engine"](engine, {}).name == "my-fednova"
     assert len(blocks[0].strip().splitlines()) <= 32

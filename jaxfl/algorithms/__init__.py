@@ -1,71 +1,85 @@
-"""Federated algorithms as pure init/round pairs over a `ServerState`."""
+"""Federated algorithms as pure init/round pairs over a `ServerState`.
 
-from jaxfl.algorithms.afl import afl
-from jaxfl.algorithms.base import (
-    FederatedAlgorithm,
-    ServerState,
-    server_optimizer,
-)
-from jaxfl.algorithms.deltafl import deltafl
-from jaxfl.algorithms.dp_deltafl import dp_deltafl
-from jaxfl.algorithms.dp_fedavg import dp_fedavg
-from jaxfl.algorithms.fedavg import fedavg
-from jaxfl.algorithms.fedavg_sub import fedavg_sub
-from jaxfl.algorithms.fedprox import fedprox
-from jaxfl.algorithms.fedsgd import fedsgd
-from jaxfl.algorithms.qffl import qffl
-from jaxfl.algorithms.registry import (
-    ALGORITHMS,
-    SPECS,
-    AlgorithmSpec,
-    Engine,
-    algorithm_names,
-    algorithm_spec,
-    build_algorithm,
-    hparam_fields,
-)
-from jaxfl.algorithms.stages import (
-    AggregateStage,
-    Aggregation,
-    ClientPlan,
-    ClientUpdateStage,
-    Cohort,
-    PersonalStage,
-    RoundOptions,
-    SelectStage,
-    compose_round,
-)
-from jaxfl.algorithms.term import term
+Names load on first use: importing the registry (`jaxfl.algorithms.registry`,
+which the configuration reads) imports no JAX.
+"""
 
-__all__ = [
-    "AggregateStage",
-    "ClientUpdateStage",
-    "PersonalStage",
-    "RoundOptions",
-    "SelectStage",
-    "compose_round",
-    "ALGORITHMS",
-    "SPECS",
-    "Aggregation",
-    "AlgorithmSpec",
-    "ClientPlan",
-    "Cohort",
-    "Engine",
-    "FederatedAlgorithm",
-    "ServerState",
-    "afl",
-    "algorithm_names",
-    "algorithm_spec",
-    "build_algorithm",
-    "deltafl",
-    "dp_deltafl",
-    "dp_fedavg",
-    "fedavg",
-    "fedavg_sub",
-    "fedprox",
-    "fedsgd",
-    "hparam_fields",
-    "qffl",
-    "server_optimizer",
-    "term",
-]
+import importlib
+import sys
+import types
+
+# Public name -> the module that defines it.
+_PUBLIC = {
+    "FederatedAlgorithm": "jaxfl.algorithms.base",
+    "ServerState": "jaxfl.algorithms.base",
+    "server_optimizer": "jaxfl.algorithms.base",
+    "AggregateStage": "jaxfl.algorithms.stages",
+    "Aggregation": "jaxfl.algorithms.stages",
+    "ClientPlan": "jaxfl.algorithms.stages",
+    "ClientUpdateStage": "jaxfl.algorithms.stages",
+    "Cohort": "jaxfl.algorithms.stages",
+    "PersonalStage": "jaxfl.algorithms.stages",
+    "RoundOptions": "jaxfl.algorithms.stages",
+    "SelectStage": "jaxfl.algorithms.stages",
+    "compose_round": "jaxfl.algorithms.stages",
+    "SPECS": "jaxfl.algorithms.registry",
+    "AlgorithmSpec": "jaxfl.algorithms.registry",
+    "Engine": "jaxfl.algorithms.registry",
+    "algorithm_names": "jaxfl.algorithms.registry",
+    "algorithm_spec": "jaxfl.algorithms.registry",
+    "build_algorithm": "jaxfl.algorithms.registry",
+    "hparam_fields": "jaxfl.algorithms.registry",
+    "afl": "jaxfl.algorithms.afl",
+    "apfl": "jaxfl.algorithms.apfl",
+    "deltafl": "jaxfl.algorithms.deltafl",
+    "ditto": "jaxfl.algorithms.ditto",
+    "dp_deltafl": "jaxfl.algorithms.dp_deltafl",
+    "dp_fedavg": "jaxfl.algorithms.dp_fedavg",
+    "fedavg": "jaxfl.algorithms.fedavg",
+    "fedavg_sub": "jaxfl.algorithms.fedavg_sub",
+    "feddane": "jaxfl.algorithms.feddane",
+    "feddyn": "jaxfl.algorithms.feddyn",
+    "fednova": "jaxfl.algorithms.fednova",
+    "fedprox": "jaxfl.algorithms.fedprox",
+    "fedsgd": "jaxfl.algorithms.fedsgd",
+    "l2sgd": "jaxfl.algorithms.l2sgd",
+    "mapper": "jaxfl.algorithms.mapper",
+    "perfedavg": "jaxfl.algorithms.perfedavg",
+    "qffl": "jaxfl.algorithms.qffl",
+    "qmaml": "jaxfl.algorithms.qmaml",
+    "scaffold": "jaxfl.algorithms.scaffold",
+    "term": "jaxfl.algorithms.term",
+}
+
+__all__ = list(_PUBLIC)
+
+
+class _Package(types.ModuleType):
+    """Keeps `jaxfl.algorithms.fedavg` the factory `fedavg`, not its module.
+
+    Importing a submodule sets the package's attribute of that name to the
+    module; most factories share their module's name, so that attribute is
+    left unset and `__getattr__` gives the factory (modules stay importable by
+    their dotted names).
+    """
+
+    def __setattr__(self, name, value):
+        if name in _PUBLIC and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'jaxfl.algorithms' has no attribute {name!r}")
+    module = importlib.import_module(_PUBLIC[name])
+    value = getattr(module, name)
+    globals()[name] = value  # Later lookups skip this function.
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

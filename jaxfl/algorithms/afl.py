@@ -45,13 +45,15 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax.numpy as jnp
 from optax.projections import projection_simplex
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -156,4 +158,13 @@ def afl(
         ),
         num_clients=num_clients,
         **stages.uniform_weights("afl", options),
+    )
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """AFL as the registry builds it for a run (its weights are lambda: no client weighting)."""
+    del options  # None.
+    return afl(
+        engine.task, engine.local, engine.clients_per_round, engine.training_clients("afl"),
+        strategy=engine.strategy, server_tx=engine.server_tx, robustness=engine.robustness,
     )

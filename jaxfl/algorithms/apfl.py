@@ -54,11 +54,14 @@ References:
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine, algorithm_spec
 from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.training.cohort import client_rows, train_client_rows
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss, sgd_update
@@ -210,3 +213,11 @@ def apfl(
         name=name, num_clients=num_clients, rows_are_models=True, personal=personal
     )
     return algorithm._replace(personal_models=personal_models)
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """APFL beside FedAvg, as the registry builds it for a run."""
+    return apfl(
+        algorithm_spec("fedavg").build(engine, options), engine.task, engine.local, engine.clients_per_round,
+        engine.training_clients("apfl"), strategy=engine.strategy, alpha_lr=options["apfl_alpha_lr"],
+    )

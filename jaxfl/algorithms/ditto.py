@@ -48,11 +48,15 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import FederatedAlgorithm
+from jaxfl.algorithms.registry import DITTO_GLOBALS, Engine, algorithm_spec
 from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import train_client_rows, update_personal_models
@@ -252,3 +256,21 @@ def _initial_model(params: Params, hparams) -> Params:
     """Every v_k^0 = w^0."""
     del hparams  # Unused.
     return params
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """Ditto over the registered algorithm `options['ditto_global']`, as the registry builds it for a run."""
+    global_name = options["ditto_global"]
+    if global_name not in DITTO_GLOBALS:
+        raise ValueError(f"ditto_global must be one of {', '.join(DITTO_GLOBALS)}, got {global_name!r}")
+    if options["ditto_dynamic_lam"] and engine.personal_validation is None:
+        raise ValueError(
+            "ditto's dynamic lambda needs the training clients' own validation examples "
+            "(Engine.personal_validation)"
+        )
+    inner_spec = algorithm_spec(global_name)
+    inner = inner_spec.build(engine, {k: options[k] for k in inner_spec.options})
+    return ditto(
+        inner, engine.task, engine.local, engine.clients_per_round, engine.training_clients("ditto"),
+        strategy=engine.strategy, dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
+    )

@@ -65,7 +65,8 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +75,7 @@ from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.deltafl import client_passes
 from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS
+from jaxfl.algorithms.registry import Engine
 from jaxfl.primitives import dp_quantile
 from jaxfl.primitives.dp_quantile import check_modulus
 from jaxfl.privacy.budget import NOISE_MULTIPLIER, QUANTILE_SIGMA
@@ -219,3 +221,12 @@ def dp_quantile_selection(
         )
 
     return stages.SelectStage(plan=plan, reads_initial_loss=True, hparam_defaults=hparam_defaults)
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """DP Delta-FL as the registry builds it for a run (uniform weights: no client weighting)."""
+    return dp_deltafl(
+        engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
+        server_tx=engine.server_tx, dp_bins=options["dp_bins"], dp_bits=options["dp_bits"],
+        dp_scale=options["dp_scale"], count=options["dp_count"], robustness=engine.robustness,
+    )

@@ -42,13 +42,15 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine
 from jaxfl.privacy.budget import NOISE_MULTIPLIER
 from jaxfl.privacy.noise import noisy_clipped_sum
 from jaxfl.training.cohort import CohortResults
@@ -109,4 +111,13 @@ def dp_fedavg(
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults=DP_HPARAM_DEFAULTS),
         **stages.uniform_weights("dp-fedavg", options),
+    )
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """DP-FedAvg as the registry builds it for a run (uniform weights: no client weighting)."""
+    del options  # None.
+    return dp_fedavg(
+        engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
+        server_tx=engine.server_tx, robustness=engine.robustness,
     )

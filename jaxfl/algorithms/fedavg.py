@@ -28,7 +28,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ from jaxfl.algorithms.plans import (
     num_stragglers,
     random_subset_mask,
 )
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
@@ -120,4 +122,12 @@ def fedavg(
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(),
         **options,
+    )
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """FedAvg as the registry builds it for a run."""
+    return fedavg(
+        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"],
+        **engine.round_options(),
     )

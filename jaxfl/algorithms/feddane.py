@@ -33,12 +33,14 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortData, cohort_gradients, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params
@@ -73,3 +75,9 @@ def feddane(
 
 
 __all__ = ["feddane"]
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """FedDane as the registry builds it for a run."""
+    del options  # None.
+    return feddane(engine.task, engine.local, engine.clients_per_round, **engine.round_options())

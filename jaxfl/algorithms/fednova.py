@@ -25,7 +25,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedavg import straggler_plan
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -93,4 +95,12 @@ def fednova(
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(aggregate=normalized_averaging),
         **options,
+    )
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """FedNova as the registry builds it for a run."""
+    return fednova(
+        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"],
+        **engine.round_options(),
     )

@@ -33,6 +33,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from jaxfl.algorithms.base import (
     resolve_hparams,
     tree_norm,
 )
+from jaxfl.algorithms.registry import Engine
 from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.client_state import GatheredClientRows
@@ -130,3 +132,21 @@ def l2sgd(
         return new_state, metrics
 
     return FederatedAlgorithm(name=name, init=init, round=round_fn, hparam_defaults=L2SGD_HPARAM_DEFAULTS)
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """L2SGD as the registry builds it for a run: no updates are sent, so nothing robust applies."""
+    del options  # None.
+    robustness = engine.robustness
+    if robustness is not None and (
+        (robustness.aggregator is not None and robustness.aggregator.name != "mean")
+        or robustness.attack is not None
+    ):
+        raise ValueError(
+            "l2sgd sends no updates to aggregate: robust aggregators and update attacks do not apply "
+            "(data attacks do)"
+        )
+    return l2sgd(
+        engine.task, engine.local, engine.clients_per_round, engine.training_clients("l2sgd"),
+        strategy=engine.strategy,
+    )

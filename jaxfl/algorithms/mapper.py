@@ -49,7 +49,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,8 @@ import jax.numpy as jnp
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.apfl import client_mixtures, mixture
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.ditto import least_loss_choice
+from jaxfl.algorithms.ditto import lambda_candidates, least_loss_choice
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import train_client_rows
 from jaxfl.training.local import (
     LocalHParams,
@@ -191,3 +193,16 @@ def _initial_row(params: Params, hparams) -> dict:
     """u_k^0 = w^0 and lam_k^0 = 0."""
     del hparams  # Unused.
     return {"local": params, "lam": jnp.float32(0.0)}
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """The mapper algorithm as the registry builds it for a run."""
+    candidates = lambda_candidates(options["mapper_candidates"], "mapper_candidates")
+    if not candidates:
+        raise ValueError(
+            "mapper_candidates needs at least one mixing weight in [0, 1], such as 0.25,0.5,0.75"
+        )
+    return mapper(
+        engine.task, engine.local, engine.clients_per_round, engine.training_clients("mapper"),
+        candidates=candidates, **engine.round_options(),
+    )

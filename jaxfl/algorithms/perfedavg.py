@@ -43,13 +43,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Unpack
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import (
     LocalHParams,
@@ -135,3 +136,14 @@ def adapted_models(
 
     per_client = {"id": jnp.arange(num_clients, dtype=jnp.int32), "active": jnp.ones(num_clients, bool)}
     return map_clients(client_fn, (params, population, alpha), per_client, strategy)
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """Per-FedAvg as the registry builds it for a run."""
+    del options  # None.
+    if engine.local.batch_size < 3:
+        raise ValueError(
+            f"perfedavg deals each minibatch into three parts (D, D', D''): batch_size must be >= 3, "
+            f"got {engine.local.batch_size}"
+        )
+    return perfedavg(engine.task, engine.local, engine.clients_per_round, **engine.round_options())

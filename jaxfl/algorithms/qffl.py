@@ -45,7 +45,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
 from jaxfl.algorithms.fedsgd import full_batch_step
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key, Params
@@ -164,4 +166,24 @@ def qffl(
         ),
         aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults={"q": q}),
         **options,
+    )
+
+
+# The q of "AFL as q-FFL with large q" (Pillutla et al. 2023, Section 7.2, Appendix C.2).
+AFL_QFFL_Q = 10.0
+
+
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """q-FFL as the registry builds it for a run."""
+    return qffl(
+        engine.task, engine.local, engine.clients_per_round, variant=options["qffl_variant"],
+        **engine.round_options(),
+    )
+
+
+def afl_from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """AFL as q-FFL with q = `AFL_QFFL_Q`, as the registry builds it for a run."""
+    return qffl(
+        engine.task, engine.local, engine.clients_per_round, variant=options["qffl_variant"], q=AFL_QFFL_Q,
+        name="afl-qffl", **engine.round_options(),
     )

@@ -1,16 +1,24 @@
 """Algorithms by name, with what each takes from a run's configuration.
 
-Each entry (`AlgorithmSpec`) declares
+Each entry (`AlgorithmSpec`) is the one place that says, of its algorithm,
 
-* how to build the algorithm from the shared pieces of a run (`Engine`: task,
+* how to build it from the shared pieces of a run (`Engine`: task,
   local-training shape, cohort size, client strategy, server optimizer,
-  client weighting, number of training clients) and its static options;
+  client weighting, number of training clients) and its static options: a
+  `from_engine` function in the algorithm's own module, named by its path and
+  imported only when the algorithm is built;
 * which run settings are its numeric hyperparameters, put into
   `ServerState.hparams` as traced scalars (a sweep vmaps the round over
   them), beyond the local ones every algorithm takes ('lr', 'lr_decay',
   'lr_decay_period', 'l2');
 * which run settings are static options (they change the compiled round),
-  with their defaults.
+  with their defaults (`RunConfig` takes its defaults from here);
+* what it keeps and supports: per-client rows, personal models, differential
+  privacy (its budget), full-batch local training, serving as Ditto's global
+  solver.
+
+This module imports no JAX (nor any algorithm): the configuration, the
+command line's help and its refusals read it before anything is compiled.
 
 Setting names are `jaxfl.experiment.config.RunConfig` field names, and the
 hyperparameter names in `state.hparams` are the same names. A built
@@ -39,40 +47,19 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optax
+if TYPE_CHECKING:
+    import optax
 
-from jaxfl.algorithms.afl import afl
-from jaxfl.algorithms.apfl import apfl
-from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.deltafl import deltafl
-from jaxfl.algorithms.ditto import ditto, lambda_candidates
-from jaxfl.algorithms.dp_deltafl import dp_deltafl
-from jaxfl.algorithms.dp_fedavg import dp_fedavg
-from jaxfl.algorithms.fedavg import fedavg
-from jaxfl.algorithms.fedavg_sub import fedavg_sub
-from jaxfl.algorithms.feddane import feddane
-from jaxfl.algorithms.feddyn import feddyn
-from jaxfl.algorithms.fednova import fednova
-from jaxfl.algorithms.fedprox import fedprox
-from jaxfl.algorithms.fedsgd import fedsgd
-from jaxfl.algorithms.l2sgd import l2sgd
-from jaxfl.algorithms.mapper import MAPPER_CANDIDATES, mapper
-from jaxfl.algorithms.perfedavg import perfedavg
-from jaxfl.algorithms.qffl import qffl
-from jaxfl.algorithms.qmaml import qmaml
-from jaxfl.algorithms.scaffold import scaffold
-from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS, Robustness
-from jaxfl.algorithms.term import term
-from jaxfl.data.population import ClientPopulation
-from jaxfl.privacy.budget import DP_DELTAFL_BUDGET, DP_FEDAVG_BUDGET, DpBudget
-from jaxfl.training.local import LocalTraining, Task
-from jaxfl.training.strategies import ClientStrategy
-
-# The q of "AFL as q-FFL with large q" (Pillutla et al. 2023, Section 7.2, Appendix C.2).
-AFL_QFFL_Q = 10.0
+    from jaxfl.algorithms.base import FederatedAlgorithm
+    from jaxfl.algorithms.stages import Robustness
+    from jaxfl.data.population import ClientPopulation
+    from jaxfl.privacy.budget import DpBudget
+    from jaxfl.training.local import LocalTraining, Task
+    from jaxfl.training.strategies import ClientStrategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +93,38 @@ class Engine:
     robustness: Robustness | None = None
     personal_validation: ClientPopulation | None = None
 
+    def round_options(self) -> dict[str, Any]:
+        """The `RoundOptions` of a composed round: strategy, server optimizer, weighting, robustness."""
+        return dict(
+            strategy=self.strategy,
+            server_tx=self.server_tx,
+            client_weighting=self.client_weighting,
+            robustness=self.robustness,
+        )
 
-Builder = Callable[[Engine, Mapping[str, Any]], FederatedAlgorithm]
+    def training_clients(self, algorithm: str) -> int:
+        """N, for an algorithm that keeps per-client state; ValueError where the engine lacks it."""
+        if self.num_clients is None:
+            raise ValueError(f"{algorithm} needs the number of training clients (Engine.num_clients)")
+        return self.num_clients
+
+
+Builder = Callable[[Engine, Mapping[str, Any]], "FederatedAlgorithm"]
+
+
+def _never(options: Mapping[str, Any]) -> bool:
+    del options  # Unused.
+    return False
+
+
+def _always(options: Mapping[str, Any]) -> bool:
+    del options  # Unused.
+    return True
+
+
+def _resolve(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,238 +132,157 @@ class AlgorithmSpec:
     """A registry entry.
 
     Attributes:
-      build: `(engine, options) -> FederatedAlgorithm`; `options` holds every
-        name of `options`, defaults filled in.
+      builder: 'module:function' of its `(engine, options) ->
+        FederatedAlgorithm`, called with every name of `options`, defaults
+        filled in (`build`).
       description: one line for `jaxfl list`.
       hparams: run settings that are numeric hyperparameters of the
         algorithm (beyond the local ones), in `state.hparams` under the same
         names.
       options: static options (run setting -> default).
-      privacy: for differentially private algorithms, how the run's privacy
-        settings become noise hyperparameters before training and what the
-        run spent after it (`jaxfl.privacy.budget.DpBudget`); None otherwise.
+      privacy_budget: for differentially private algorithms, 'module:name'
+        of its `jaxfl.privacy.budget.DpBudget` (`privacy`); None otherwise.
       client_rows: model-sized rows of per-client state the algorithm keeps
         per training client (personal models, SCAFFOLD's c_i), 0 for none:
         what the client-state layout (`--client-state`) and the memory
         checks size.
       personal_models: whether those rows make personal models, evaluated
         and saved beside the global one (Ditto's do, SCAFFOLD's do not).
+      full_batch: `options -> bool`, whether its local training is then one
+        full-batch gradient step per client (batch size, epochs and the step
+        cap unused).
+      ditto_global: whether Ditto may pull its personal models to this
+        algorithm's global model (`--ditto-global`; Li 2023, Section 5.2.1:
+        G is any solver of the global objective; the DP algorithms are left
+        out, as their budget is calibrated per entry, and so are those with
+        per-client state or a single meta-gradient step).
+      inherited: the settings among `hparams` and `options` that it takes
+        only to pass them to another registered algorithm (Ditto's global
+        solver's); `setting_users` leaves it out of theirs.
+      host_rows: whether its per-client rows may live in host memory, the
+        cohort's moved in each round (not where a round reads all N).
+      adapts_after_training: whether it makes every training client's
+        personal model from the global one after training (N model-sized
+        rows at evaluation, without per-client state during training).
     """
 
-    build: Builder
+    builder: str
     description: str
     hparams: tuple[str, ...] = ()
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    privacy: DpBudget | None = None
+    privacy_budget: str | None = None
     client_rows: int = 0
     personal_models: bool = False
+    full_batch: Callable[[Mapping[str, Any]], bool] = _never
+    ditto_global: bool = False
+    inherited: tuple[str, ...] = ()
+    host_rows: bool = True
+    adapts_after_training: bool = False
+
+    def build(self, engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+        """The algorithm, from `builder` (its module imported now)."""
+        return _resolve(self.builder)(engine, options)
+
+    @property
+    def privacy(self) -> DpBudget | None:
+        """How the run's privacy settings become noise and what a run spent; None without DP."""
+        return None if self.privacy_budget is None else _resolve(self.privacy_budget)
 
 
-def _shared(engine: Engine) -> dict[str, Any]:
-    return dict(
-        strategy=engine.strategy,
-        server_tx=engine.server_tx,
-        client_weighting=engine.client_weighting,
-        robustness=engine.robustness,
-    )
+_STRAGGLERS = {"stragglers": 0.0}
+_DP_HISTOGRAM = {"dp_bins": 32, "dp_bits": 32}
+_QFFL_VARIANT = {"qffl_variant": "fedavg"}
 
 
-def _build_afl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    del options  # Unused.
-    if engine.num_clients is None:
-        raise ValueError(
-            "afl needs the number of training clients (Engine.num_clients)"
-        )
-    return afl(
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        engine.num_clients,
-        strategy=engine.strategy,
-        server_tx=engine.server_tx,
-        robustness=engine.robustness,
-    )
+def _qfedsgd(options: Mapping[str, Any]) -> bool:
+    return options["qffl_variant"] == "fedsgd"
 
 
 SPECS: dict[str, AlgorithmSpec] = {
     "fedavg": AlgorithmSpec(
-        lambda engine, options: fedavg(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            stragglers=options["stragglers"],
-            **_shared(engine),
-        ),
+        "jaxfl.algorithms.fedavg:from_engine",
         "FedAvg (McMahan et al. 2017): average of local SGD updates; drops stragglers",
-        options={"stragglers": 0.0},
+        options=_STRAGGLERS,
+        ditto_global=True,
     ),
     "fedavg-sub": AlgorithmSpec(
-        lambda engine, options: fedavg_sub(
-            engine.task, engine.local, engine.clients_per_round, **_shared(engine)
-        ),
+        "jaxfl.algorithms.fedavg_sub:from_engine",
         "FedAvg on a random fraction theta of each cohort (Pillutla et al. 2023, Section 7.2)",
         hparams=("theta",),
+        ditto_global=True,
     ),
     "fedsgd": AlgorithmSpec(
-        lambda engine, options: fedsgd(
-            engine.task, engine.clients_per_round, **_shared(engine)
-        ),
+        "jaxfl.algorithms.fedsgd:from_engine",
         "FedSGD: one full-batch gradient per client, averaged, one server step",
+        full_batch=_always,
     ),
     "fedprox": AlgorithmSpec(
-        lambda engine, options: fedprox(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            stragglers=options["stragglers"],
-            **_shared(engine),
-        ),
+        "jaxfl.algorithms.fedprox:from_engine",
         "FedProx (Li 2023, ch. 3): proximal term mu; keeps stragglers' partial work",
         hparams=("mu",),
-        options={"stragglers": 0.0},
+        options=_STRAGGLERS,
+        ditto_global=True,
     ),
     "qffl": AlgorithmSpec(
-        lambda engine, options: qffl(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            variant=options["qffl_variant"],
-            **_shared(engine),
-        ),
+        "jaxfl.algorithms.qffl:from_engine",
         "q-FFL (Li 2023, ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
         hparams=("q",),
-        options={"qffl_variant": "fedavg"},
+        options=_QFFL_VARIANT,
+        full_batch=_qfedsgd,
+        ditto_global=True,
     ),
     "afl": AlgorithmSpec(
-        _build_afl,
+        "jaxfl.algorithms.afl:from_engine",
         "AFL (Mohri et al. 2019): minimax over client mixture weights lambda",
         hparams=("afl_lambda_lr",),
+        ditto_global=True,
     ),
     "afl-qffl": AlgorithmSpec(
-        lambda engine, options: qffl(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            variant=options["qffl_variant"],
-            q=AFL_QFFL_Q,
-            name="afl-qffl",
-            **_shared(engine),
-        ),
+        "jaxfl.algorithms.qffl:afl_from_engine",
         "AFL as q-FFL with large q (q = 10; Pillutla et al. 2023, Section 7.2, Appendix C.2)",
         hparams=("q",),
-        options={"qffl_variant": "fedavg"},
+        options=_QFFL_VARIANT,
+        full_batch=_qfedsgd,
     ),
     "term": AlgorithmSpec(
-        lambda engine, options: term(
-            engine.task, engine.local, engine.clients_per_round, **_shared(engine)
-        ),
+        "jaxfl.algorithms.term:from_engine",
         "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i)",
         hparams=("tilt",),
+        ditto_global=True,
     ),
     "deltafl": AlgorithmSpec(
-        lambda engine, options: deltafl(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            reweighting=options["reweighting"],
-            filtering=options["filtering"],
-            dp_bins=options["dp_bins"],
-            dp_bits=options["dp_bits"],
-            **_shared(engine),
-        ),
+        "jaxfl.algorithms.deltafl:from_engine",
         "Delta-FL (Pillutla et al. 2023; Laguel et al. 2020): superquantile of client losses, "
         "tail fraction theta",
-        hparams=(
-            "theta",
-            "threshold_period",
-            "smoothing",
-            "dp_loss_bound",
-            "dp_sigma",
-            "dp_scale",
-        ),
-        options={
-            "reweighting": "exact",
-            "filtering": "server",
-            "dp_bins": 32,
-            "dp_bits": 32,
-        },
+        hparams=("theta", "threshold_period", "smoothing", "dp_loss_bound", "dp_sigma", "dp_scale"),
+        options={"reweighting": "exact", "filtering": "server", **_DP_HISTOGRAM},
+        ditto_global=True,
     ),
     "dp-fedavg": AlgorithmSpec(
-        lambda engine, options: dp_fedavg(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            strategy=engine.strategy,
-            server_tx=engine.server_tx,
-            robustness=engine.robustness,
-        ),
+        "jaxfl.algorithms.dp_fedavg:from_engine",
         "DP-FedAvg (McMahan et al. 2018): clipped updates, Gaussian noise, "
         "(epsilon, delta) client-level DP",
         hparams=("clip_norm", "dp_noise_multiplier"),
-        privacy=DP_FEDAVG_BUDGET,
+        privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
     ),
     "dp-deltafl": AlgorithmSpec(
-        lambda engine, options: dp_deltafl(
-            engine.task,
-            engine.local,
-            engine.clients_per_round,
-            strategy=engine.strategy,
-            server_tx=engine.server_tx,
-            dp_bins=options["dp_bins"],
-            dp_bits=options["dp_bits"],
-            dp_scale=options["dp_scale"],
-            count=options["dp_count"],
-            robustness=engine.robustness,
-        ),
+        "jaxfl.algorithms.dp_deltafl:from_engine",
         "DP Delta-FL (Pillutla et al. 2023, Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",
-        hparams=(
-            "theta",
-            "dp_loss_bound",
-            "clip_norm",
-            "dp_noise_multiplier",
-            "dp_quantile_sigma",
-        ),
-        options={"dp_bins": 32, "dp_bits": 32, "dp_scale": 10, "dp_count": "fixed"},
-        privacy=DP_DELTAFL_BUDGET,
+        hparams=("theta", "dp_loss_bound", "clip_norm", "dp_noise_multiplier", "dp_quantile_sigma"),
+        options={**_DP_HISTOGRAM, "dp_scale": 10, "dp_count": "fixed"},
+        privacy_budget="jaxfl.privacy.budget:DP_DELTAFL_BUDGET",
     ),
 }
 
-# The global solvers Ditto takes (Li 2023 (thesis), Section 5.2.1: G is any
-# "function that aggregates the local objectives"). The DP algorithms are left
-# out: their budget is calibrated per registry entry, and Ditto's personal
-# steps would need their own account.
-DITTO_GLOBALS = ("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl")
+# The global solvers Ditto takes, in registration order.
+DITTO_GLOBALS = tuple(name for name, spec in SPECS.items() if spec.ditto_global)
 
-
-def _build_ditto(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    global_name = options["ditto_global"]
-    if global_name not in DITTO_GLOBALS:
-        raise ValueError(
-            f"ditto_global must be one of {', '.join(DITTO_GLOBALS)}, got {global_name!r}"
-        )
-    if engine.num_clients is None:
-        raise ValueError("ditto needs the number of training clients (Engine.num_clients)")
-    if options["ditto_dynamic_lam"] and engine.personal_validation is None:
-        raise ValueError(
-            "ditto's dynamic lambda needs the training clients' own validation examples "
-            "(Engine.personal_validation)"
-        )
-    inner_spec = SPECS[global_name]
-    inner = inner_spec.build(engine, {k: options[k] for k in inner_spec.options})
-    return ditto(
-        inner,
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        engine.num_clients,
-        strategy=engine.strategy,
-        dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
-    )
-
-
+_DITTO_GLOBAL_SETTINGS = tuple(
+    dict.fromkeys(setting for g in DITTO_GLOBALS for setting in (*SPECS[g].hparams, *SPECS[g].options))
+)
 SPECS["ditto"] = AlgorithmSpec(
-    _build_ditto,
+    "jaxfl.algorithms.ditto:from_engine",
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
     hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
@@ -357,163 +293,71 @@ SPECS["ditto"] = AlgorithmSpec(
         "ditto_dynamic_lam": "",
         **{k: v for g in DITTO_GLOBALS for k, v in SPECS[g].options.items()},
     },
+    inherited=_DITTO_GLOBAL_SETTINGS,
 )
-
-def _build_l2sgd(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    del options  # None.
-    robustness = engine.robustness
-    if robustness is not None and (
-        (robustness.aggregator is not None and robustness.aggregator.name != "mean")
-        or robustness.attack is not None
-    ):
-        raise ValueError(
-            "l2sgd sends no updates to aggregate: robust aggregators and update attacks do not apply "
-            "(data attacks do)"
-        )
-    if engine.num_clients is None:
-        raise ValueError("l2sgd needs the number of training clients (Engine.num_clients)")
-    return l2sgd(
-        engine.task, engine.local, engine.clients_per_round, engine.num_clients, strategy=engine.strategy
-    )
-
-
 SPECS["l2sgd"] = AlgorithmSpec(
-    _build_l2sgd,
+    "jaxfl.algorithms.l2sgd:from_engine",
     "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
     hparams=("lam",),
     client_rows=1,
     personal_models=True,
+    host_rows=False,  # Every round averages all N personal models.
 )
-
-def _build_apfl(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    if engine.num_clients is None:
-        raise ValueError("apfl needs the number of training clients (Engine.num_clients)")
-    global_algorithm = SPECS["fedavg"].build(engine, options)
-    return apfl(
-        global_algorithm,
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        engine.num_clients,
-        strategy=engine.strategy,
-        alpha_lr=options["apfl_alpha_lr"],
-    )
-
-
 SPECS["apfl"] = AlgorithmSpec(
-    _build_apfl,
+    "jaxfl.algorithms.apfl:from_engine",
     "APFL (Deng et al. 2020; Li 2023, App. 5.6.2): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
     hparams=("apfl_alpha",),
-    options={"stragglers": 0.0, "apfl_alpha_lr": 0.0},
+    options={**_STRAGGLERS, "apfl_alpha_lr": 0.0},
     client_rows=2,  # The local models, and the mixtures made at evaluation.
     personal_models=True,
 )
-
-def _build_mapper(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    if engine.num_clients is None:
-        raise ValueError("mapper needs the number of training clients (Engine.num_clients)")
-    candidates = lambda_candidates(options["mapper_candidates"], "mapper_candidates")
-    if not candidates:
-        raise ValueError(
-            "mapper_candidates needs at least one mixing weight in [0, 1], such as 0.25,0.5,0.75"
-        )
-    return mapper(
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        engine.num_clients,
-        candidates=candidates,
-        **_shared(engine),
-    )
-
-
 SPECS["mapper"] = AlgorithmSpec(
-    _build_mapper,
+    "jaxfl.algorithms.mapper:from_engine",
     "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
     "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
-    options={"mapper_candidates": ",".join(f"{lam:g}" for lam in MAPPER_CANDIDATES)},
+    options={"mapper_candidates": "0.25,0.5,0.75"},
     client_rows=2,  # The local models, and the mixtures made at evaluation.
     personal_models=True,
 )
-
-
-def _build_perfedavg(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    del options  # None.
-    if engine.local.batch_size < 3:
-        raise ValueError(
-            f"perfedavg deals each minibatch into three parts (D, D', D''): batch_size must be >= 3, "
-            f"got {engine.local.batch_size}"
-        )
-    return perfedavg(engine.task, engine.local, engine.clients_per_round, **_shared(engine))
-
-
 SPECS["perfedavg"] = AlgorithmSpec(
-    _build_perfedavg,
+    "jaxfl.algorithms.perfedavg:from_engine",
     "Per-FedAvg (HF) (Fallah et al. 2020; Li 2023, App. 5.6.2): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
     hparams=("perfedavg_alpha", "perfedavg_delta"),
+    adapts_after_training=True,
 )
-
-
-def _build_scaffold(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    if engine.num_clients is None:
-        raise ValueError("scaffold needs the number of training clients (Engine.num_clients)")
-    return scaffold(
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        engine.num_clients,
-        control_option=options["scaffold_option"],
-        **_shared(engine),
-    )
-
-
 SPECS["scaffold"] = AlgorithmSpec(
-    _build_scaffold,
+    "jaxfl.algorithms.scaffold:from_engine",
     "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i; "
     "c_i kept per client",
     options={"scaffold_option": 2},
     client_rows=1,
 )
 SPECS["fednova"] = AlgorithmSpec(
-    lambda engine, options: fednova(
-        engine.task,
-        engine.local,
-        engine.clients_per_round,
-        stragglers=options["stragglers"],
-        **_shared(engine),
-    ),
+    "jaxfl.algorithms.fednova:from_engine",
     "FedNova (Wang et al. 2020): updates normalized by each client's local steps; keeps stragglers' work",
-    options={"stragglers": 0.0},
+    options=_STRAGGLERS,
 )
-
-
-def _build_feddyn(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    del options  # None.
-    if engine.num_clients is None:
-        raise ValueError("feddyn needs the number of training clients (Engine.num_clients)")
-    return feddyn(engine.task, engine.local, engine.clients_per_round, engine.num_clients, **_shared(engine))
-
-
 SPECS["feddyn"] = AlgorithmSpec(
-    _build_feddyn,
+    "jaxfl.algorithms.feddyn:from_engine",
     "FedDyn (Acar et al. 2021): local objectives with a dynamic linear and proximal regularizer; "
     "g_k kept per client",
     hparams=("feddyn_alpha",),
     client_rows=1,
 )
 SPECS["feddane"] = AlgorithmSpec(
-    lambda engine, options: feddane(engine.task, engine.local, engine.clients_per_round, **_shared(engine)),
+    "jaxfl.algorithms.feddane:from_engine",
     "FedDane (Li et al. 2019; Li 2023, Section 3.6): FedProx's local problems corrected by the "
     "cohort's mean gradient minus the client's",
     hparams=("mu",),
 )
 SPECS["qmaml"] = AlgorithmSpec(
-    lambda engine, options: qmaml(engine.task, engine.clients_per_round, **_shared(engine)),
+    "jaxfl.algorithms.qmaml:from_engine",
     "q-MAML (Li 2023, Appendix 4.6.2): q-FFL's weighting of first-order MAML meta-gradients",
     hparams=("q", "perfedavg_alpha"),
+    full_batch=_always,
 )
 
 # Algorithms that keep per-client state, and how many model-sized rows per
@@ -522,12 +366,8 @@ CLIENT_STATE_ALGORITHMS = {name: spec.client_rows for name, spec in SPECS.items(
 PERSONAL_MODEL_ALGORITHMS = {
     name: spec.client_rows for name, spec in SPECS.items() if spec.personal_models
 }
-
-# name -> (builder, description): the registry's original shape, kept for
-# callers that only list names and descriptions.
-ALGORITHMS: dict[str, tuple[Builder, str]] = {
-    name: (spec.build, spec.description) for name, spec in SPECS.items()
-}
+# The differentially private algorithms, whose privacy settings the run calibrates and reports.
+PRIVATE_ALGORITHMS = tuple(name for name, spec in SPECS.items() if spec.privacy_budget is not None)
 
 
 def algorithm_names() -> list[str]:
@@ -542,6 +382,29 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
             f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}"
         )
     return SPECS[name]
+
+
+def option_default(setting: str) -> Any:
+    """The default of static option `setting`, the same in every entry that declares it."""
+    defaults = {repr(spec.options[setting]): spec.options[setting] for spec in SPECS.values()
+                if setting in spec.options}
+    if len(defaults) != 1:
+        raise ValueError(f"{setting} is declared by no entry, or with several defaults: {sorted(defaults)}")
+    return next(iter(defaults.values()))
+
+
+def setting_users(setting: str) -> list[str]:
+    """The entries that declare `setting` as a hyperparameter or an option of their own, in order."""
+    return [
+        name
+        for name, spec in SPECS.items()
+        if (setting in spec.hparams or setting in spec.options) and setting not in spec.inherited
+    ]
+
+
+def full_batch_only(names: list[str], options: Mapping[str, Any]) -> bool:
+    """Whether every algorithm of `names` takes one full-batch step per client with these option values."""
+    return all(algorithm_spec(name).full_batch(options) for name in names)
 
 
 def build_algorithm(
@@ -573,5 +436,7 @@ def build_algorithm(
 
 def hparam_fields(name: str, algorithm: FederatedAlgorithm) -> tuple[str, ...]:
     """The run settings that go into this built algorithm's `state.hparams`."""
+    from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
+
     declared = (*LOCAL_HPARAM_DEFAULTS, *algorithm_spec(name).hparams)
     return tuple(field for field in declared if field in algorithm.hparam_defaults)

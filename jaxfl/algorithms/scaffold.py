@@ -31,7 +31,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Unpack
+from collections.abc import Mapping
+from typing import Any, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from jaxfl.aggregators.base import per_client
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortData, CohortResults, cohort_gradients
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params, PyTree
@@ -123,3 +125,9 @@ def scaffold(
     )
 
 
+def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """SCAFFOLD as the registry builds it for a run."""
+    return scaffold(
+        engine.task, engine.local, engine.clients_per_round, engine.training_clients("scaffold"),
+        control_option=options["scaffold_option"], **engine.round_options(),
+    )

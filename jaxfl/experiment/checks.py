@@ -272,10 +272,11 @@ def check_round_fits(
             layout = "split over the devices" if strategy.shards_client_state else "replicated"
             needed += personal
         what += f" with {name}'s {dataset.train.num_clients:,} personal models ({personal:,} bytes, {layout})"
-    if "perfedavg" in config.algorithms:
-        adapted = dataset.train.num_clients * num_parameters * 4
-        needed += adapted
-        what += f" with perfedavg's {dataset.train.num_clients:,} adapted models ({adapted:,} bytes)"
+    for name in config.algorithms:
+        if algorithm_spec(name).adapts_after_training:
+            adapted = dataset.train.num_clients * num_parameters * 4
+            needed += adapted
+            what += f" with {name}'s {dataset.train.num_clients:,} adapted models ({adapted:,} bytes)"
     if num_points > 1:
         needed *= num_points
         host_personal *= num_points

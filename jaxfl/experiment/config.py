@@ -23,6 +23,17 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxfl.algorithms.registry import (
+    DITTO_GLOBALS,
+    PRIVATE_ALGORITHMS,
+    SPECS,
+    option_default,
+    setting_users,
+)
+from jaxfl.algorithms.registry import (
+    full_batch_only as _registry_full_batch_only,
+)
+
 # The registries' names (checked against them in tests/experiment/test_config.py);
 # kept here so that reading a config imports no model or preset code.
 MODEL_NAMES = (
@@ -61,6 +72,11 @@ def _field(default, help, *, low=None, high=None, low_open=False, high_open=Fals
             choices=choices, optional=optional, flag=flag,
         ),
     )
+
+
+def _option(name, help, **kwargs):
+    """A static algorithm option: its default, and the algorithms named in its help, from the registry."""
+    return _field(option_default(name), f"{', '.join(setting_users(name))}: {help}", **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +168,7 @@ class RunConfig:
     # takes which; the numeric ones become state.hparams of the same name).
     theta: float = _field(
         0.5,
-        "deltafl: tail fraction theta in (0, 1] of the superquantile (1: "
+        "deltafl, dp-deltafl: tail fraction theta in (0, 1] of the superquantile (1: "
         "FedAvg); fedavg-sub: fraction of each cohort that trains",
         low=0.0, high=1.0, low_open=True,
     )
@@ -171,9 +187,9 @@ class RunConfig:
         1.0, "term: tilt t (any real) of the client-level tilted risk; t > 0 "
         "favours clients of high loss, t -> 0 is FedAvg"
     )
-    reweighting: str = _field(
-        "exact",
-        "deltafl: client weights from the losses: threshold (Pillutla et al. 2023, Alg. 1), exact "
+    reweighting: str = _option(
+        "reweighting",
+        "client weights from the losses: threshold (Pillutla et al. 2023, Alg. 1), exact "
         "(Alg. 3), dp (Alg. 1 with the DP quantile of Alg. 2), smoothed (eq. 15)",
         choices=("threshold", "exact", "dp", "smoothed"),
     )
@@ -185,26 +201,26 @@ class RunConfig:
         1, "deltafl --reweighting threshold|dp: recompute the threshold every "
         "T_eta >= 1 rounds (Laguel et al. 2020, Algorithm 1), reuse it in between", low=1,
     )
-    filtering: str = _field(
-        "server",
-        "deltafl --reweighting threshold|dp: the server filters clients, or "
+    filtering: str = _option(
+        "filtering",
+        "with --reweighting threshold|dp: the server filters clients, or "
         "clients filter themselves on the broadcast threshold (Laguel et al. 2020, Alg. 3)",
         choices=("server", "client"),
     )
-    stragglers: float = _field(
-        0.0,
-        "fedprox, fednova, fedavg: fraction in [0, 1) of each cohort that straggles "
-        "(runs 1..E-1 epochs; needs E >= 2 for fedprox and fednova); fedprox and "
-        "fednova keep their work, fedavg drops them",
+    stragglers: float = _option(
+        "stragglers",
+        "fraction in [0, 1) of each cohort that straggles (runs 1..E-1 epochs, E the local epochs; "
+        "needs E >= 2 where their work is kept); fedavg drops them (as apfl's and ditto's fedavg do), "
+        "fedprox and fednova keep their work",
         low=0.0, high=1.0, high_open=True,
     )
-    scaffold_option: int = _field(
-        2, "scaffold: the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the "
+    scaffold_option: int = _option(
+        "scaffold_option", "the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the "
         "client's full-data gradient at the server model (Option I), 2 = c_i - c + (x - y_i)/(K lr) "
         "(Option II)", choices=(1, 2),
     )
-    qffl_variant: str = _field(
-        "fedavg", "qffl, afl-qffl: q-FedAvg or q-FedSGD (one full-batch step)",
+    qffl_variant: str = _option(
+        "qffl_variant", "q-FedAvg or q-FedSGD (one full-batch step)",
         choices=("fedavg", "fedsgd"),
     )
     lam: float = _field(
@@ -222,21 +238,23 @@ class RunConfig:
         "even the split ones would (docs/personalization.md)",
         choices=("auto", "split", "replicated", "host"),
     )
-    ditto_dynamic_lam: str = _field(
-        "", "ditto: dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every "
-        "personal step, each client keeping the one of least loss on its own validation examples (needs "
+    ditto_dynamic_lam: str = _option(
+        "ditto_dynamic_lam",
+        "dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every personal step,"
+        " each client keeping the one of least loss on its own validation examples (needs "
         "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
     )
     apfl_alpha: float = _field(
         0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
         "model; 1: local models)", low=0.0, high=1.0,
     )
-    apfl_alpha_lr: float = _field(
-        0.0, "apfl: > 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, "
-        "starting at --apfl-alpha); 0: one fixed alpha, as Li 2023 compares it", low=0.0,
+    apfl_alpha_lr: float = _option(
+        "apfl_alpha_lr",
+        "> 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, starting "
+        "at --apfl-alpha); 0: one fixed alpha, as Li 2023 compares it", low=0.0,
     )
-    mapper_candidates: str = _field(
-        "0.25,0.5,0.75", "mapper: the mixing weights lam in [0, 1] each sampled client tries every round, "
+    mapper_candidates: str = _option(
+        "mapper_candidates", "the mixing weights lam in [0, 1] each sampled client tries every round, "
         "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
     )
     perfedavg_alpha: float = _field(
@@ -248,10 +266,10 @@ class RunConfig:
         1e-3, "perfedavg: delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
         low=0.0, low_open=True,
     )
-    ditto_global: str = _field(
-        "fedavg",
-        "ditto: the global algorithm G whose model the personal models are pulled to",
-        choices=("fedavg", "fedprox", "fedavg-sub", "qffl", "term", "deltafl", "afl"),
+    ditto_global: str = _option(
+        "ditto_global",
+        "the global algorithm G whose model the personal models are pulled to",
+        choices=DITTO_GLOBALS,
     )
     finetune_epochs: int = _field(
         0, "personalization baseline: after training, each training client fine-tunes the global "
@@ -340,10 +358,9 @@ class RunConfig:
         0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
         low=0.0, low_open=True,
     )
-    dp_bins: int = _field(
-        32,
-        "deltafl --reweighting dp, dp-deltafl: histogram bins b, a power of two "
-        "in [2, 65536]",
+    dp_bins: int = _option(
+        "dp_bins",
+        "histogram bins b, a power of two in [2, 65536] (deltafl: with --reweighting dp)",
         low=2, high=2**16,
     )
     dp_loss_bound: float = _field(
@@ -357,16 +374,14 @@ class RunConfig:
         "(the sampler's range)",
         low=0.0,
     )
-    dp_scale: int = _field(
-        10,
-        "deltafl --reweighting dp, dp-deltafl: integer scaling c >= 1 of the "
-        "histograms",
+    dp_scale: int = _option(
+        "dp_scale",
+        "integer scaling c >= 1 of the histograms (deltafl: with --reweighting dp)",
         low=1,
     )
-    dp_bits: int = _field(
-        32,
-        "deltafl --reweighting dp, dp-deltafl: the secure sum is modulo 2^bits, "
-        "bits in [2, 32]",
+    dp_bits: int = _option(
+        "dp_bits",
+        "the secure sum is modulo 2^bits, bits in [2, 32] (deltafl: with --reweighting dp)",
         low=2, high=32,
     )
     # Differential privacy (dp-fedavg, dp-deltafl; jaxfl.privacy). The
@@ -400,9 +415,9 @@ class RunConfig:
         "(unset: calibrated to --epsilon; set: epsilon is only reported)",
         low=0.0, low_open=True, optional=True,
     )
-    dp_count: str = _field(
-        "fixed",
-        "dp-deltafl: the update's divisor: fixed (theta*m, public before the round: sound) or exact (m_t, "
+    dp_count: str = _option(
+        "dp_count",
+        "the update's divisor: fixed (theta*m, public before the round: sound) or exact (m_t, "
         "the clients that passed: the assumption of Pillutla et al. 2023, App. D, m_t released and not "
         "accounted)",
         choices=("fixed", "exact"),
@@ -754,8 +769,8 @@ def implied_setting(config: RunConfig, name: str) -> Any:
     return defaults.get(name, getattr(RunConfig(), name))
 
 
-# Algorithms whose local training is one full-batch step (batch size, epochs
-# and the step cap unused): FedSGD, and q-FFL's q-FedSGD variant.
+# What algorithms whose local training is one full-batch step do not use
+# (`AlgorithmSpec.full_batch`).
 _FULL_BATCH_SETTINGS = ("batch_size", "local_epochs", "max_local_steps", "local_loop")
 # The failure probability of the no-wraparound bound (Pillutla et al. 2023, Claim 16) that
 # `deltafl --reweighting dp` (no privacy accounting, hence no delta) needs of
@@ -766,10 +781,8 @@ _DELTAFL_DP_WRAP_DELTA = 1e-6
 
 def full_batch_only(config: RunConfig) -> bool:
     """Whether every algorithm of the run takes one full-batch step per client (no batch size, no epochs)."""
-    return all(
-        name in ("fedsgd", "qmaml") or (name in ("qffl", "afl-qffl") and config.qffl_variant == "fedsgd")
-        for name in config.algorithms
-    )
+    names = config.algorithms
+    return all(name in SPECS for name in names) and _registry_full_batch_only(names, config.to_dict())
 
 
 def _strategy_chunk(strategy: str) -> str | None:
@@ -809,7 +822,7 @@ def check_settings(config: RunConfig) -> None:
         raise ConfigError("finetune_skl fine-tunes with the symmetrized KL: it needs finetune_epochs >= 1")
     if config.finetune_skl is not None and config.finetune_ewc is not None:
         raise ConfigError("finetune_ewc and finetune_skl are two fine-tuning penalties: choose one")
-    dp_algorithms = [name for name in names if name in ("dp-fedavg", "dp-deltafl")]
+    dp_algorithms = [name for name in names if name in PRIVATE_ALGORITHMS]
     if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
         raise ConfigError(
             f"epsilon={config.epsilon:g} and dp_noise_multiplier={config.dp_noise_multiplier:g} conflict: "

@@ -23,7 +23,6 @@ from jaxfl.evaluation.per_client import (
     personal_client_metrics,
 )
 from jaxfl.evaluation.summaries import loss_and_error_summaries
-
 from jaxfl.training.client_state import HostPersonalModels
 from jaxfl.training.local import Task
 from jaxfl.training.strategies import ClientStrategy

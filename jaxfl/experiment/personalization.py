@@ -23,7 +23,6 @@ from jaxfl.algorithms.base import (
     own_models,
 )
 from jaxfl.data.host import place_population
-
 from jaxfl.experiment.run_setup import Setup
 from jaxfl.training.client_state import HostPersonalModels, is_on_host
 from jaxfl.training.cohort import finetune_models
@@ -67,6 +66,30 @@ def personalized_models(
     population = place_population(run_setup.dataset.train, "device")
     personalize = jax.vmap(algorithm.personalize, in_axes=(0, None)) if batched else algorithm.personalize
     return jax.jit(personalize)(state, run_setup.engine.strategy.replicate(population))
+
+
+def after_training_models(
+    run_setup: Setup, algorithm: FederatedAlgorithm, state: ServerState, run_key, *, batched: bool = False
+) -> Any | None:
+    """The personal models made after training, evaluated in place of the last evaluation's, or None.
+
+    The algorithm's own (`personalized_models`), else under `--finetune-epochs`
+    the fine-tuned global model of an algorithm without per-client state
+    (`finetuned_models`; those with personal models of their own report
+    those). `batched`: the state and `run_key` carry a leading sweep axis, and
+    each point is fine-tuned as its single run would be.
+    """
+    if algorithm.personalize is not None:
+        return personalized_models(run_setup, algorithm, state, batched=batched)
+    if not run_setup.config.finetune_epochs or jax.tree.leaves(state.clients):
+        return None
+    if not batched:
+        return finetuned_models(run_setup, state, run_key)
+    points = [
+        finetuned_models(run_setup, jax.tree.map(lambda x, g=g: x[g], state), run_key[g])
+        for g in range(len(run_key))
+    ]
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *points)
 
 
 def personal_models(algorithm: FederatedAlgorithm, state: ServerState) -> Any:

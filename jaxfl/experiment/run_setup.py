@@ -26,6 +26,7 @@ from jaxfl.algorithms.registry import (
     algorithm_spec,
     build_algorithm,
     hparam_fields,
+    setting_users,
 )
 from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import FederatedDataset
@@ -215,7 +216,7 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
     Raises:
       ConfigError: dynamic lambda without validation client k = training client k.
     """
-    if not (config.ditto_dynamic_lam and "ditto" in config.algorithms):
+    if not (config.ditto_dynamic_lam and set(setting_users("ditto_dynamic_lam")) & set(config.algorithms)):
         return None
     if dataset.validation is None or not dataset.personal_splits:
         raise ConfigError(
@@ -275,14 +276,16 @@ def setup(config: RunConfig) -> Setup:
     num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
     strategy = choose_strategy(config.strategy, num_parameters)
     strategy = choose_client_state(config, strategy, num_train, num_parameters)
-    if strategy.host_client_state and "l2sgd" in config.algorithms:
+    device_rows = [name for name in config.algorithms if not algorithm_spec(name).host_rows]
+    if strategy.host_client_state and device_rows:
         advice = (
             "--client-state auto chose host memory, as they fit the devices neither replicated nor split: "
             "use fewer training clients" if config.client_state == "auto"
             else "use --client-state replicated or split"
         )
         raise ConfigError(
-            f"l2sgd averages all N personal models every round, so they cannot live in host memory; {advice}"
+            f"{device_rows[0]} reads all N clients' rows every round, so they cannot live in host memory; "
+            f"{advice}"
         )
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),

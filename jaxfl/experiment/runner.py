@@ -31,6 +31,7 @@ from jaxfl.experiment.health import host_health, initial_health, monitored
 # The settings of a built algorithm; also imported from here.
 from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
 from jaxfl.experiment.personalization import (  # noqa: F401
+    after_training_models,
     finetuned_models,
     personal_models,
     personalized_models,
@@ -140,6 +141,58 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     return place_state(state, strategy), strategy.replicate(jax.device_put(health))
 
 
+def run_summary(
+    run_setup: Setup,
+    name: str,
+    summaries: dict[str, Any],
+    rounds_without_weight: int,
+    diverged: dict[str, Any] | None,
+    hparams: Any,
+) -> dict[str, Any]:
+    """The summary of one run (or sweep point) of `name`: its evaluation summaries, then what it ran as.
+
+    `diverged` says where a run diverged (None: it finished); `hparams`
+    the run's hyperparameters (`state.hparams`, device or host arrays).
+    """
+    config, strategy = run_setup.config, run_setup.engine.strategy
+    summary = {
+        **summaries,
+        "algorithm": name,
+        "status": "diverged" if diverged else "finished",
+        "rounds": config.rounds,
+        "rounds_without_weight": rounds_without_weight,
+        "strategy": strategy.describe(),
+        "residency": run_setup.placement.residency if run_setup.placement else "device",
+    }
+    if name in CLIENT_STATE_ALGORITHMS:
+        summary["client_state"] = (
+            "host" if strategy.host_client_state
+            else "split" if strategy.shards_client_state else "replicated"
+        )
+    attack = attack_record(config, run_setup.corrupted)
+    if attack is not None:
+        summary["attack"] = attack
+    if diverged:
+        summary["diverged"] = diverged
+    # A single run stops where divergence was seen; a sweep point goes on with the others.
+    rounds_done = (diverged or {}).get("detected_at_round", config.rounds)
+    hparams = {k: float(v) for k, v in jax.device_get(hparams).items()}
+    privacy = privacy_spent(run_setup, name, hparams, rounds_done)
+    if privacy is not None:
+        summary["privacy"] = privacy
+    return summary
+
+
+def timing_fields(timing: LoopTiming, num_rounds_per_call: int, start_round: int) -> dict[str, Any]:
+    """What timing.json holds: the loop's times, how rounds were called, the backend, where it resumed."""
+    return {
+        **timing.as_dict(),
+        "rounds_per_call": num_rounds_per_call,
+        "backend": jax.default_backend(),
+        "resumed_from_round": start_round or None,
+    }
+
+
 def run_algorithm(
     run_setup: Setup,
     name: str,
@@ -185,11 +238,11 @@ def run_algorithm(
         client_state = HostClientState(
             run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
-    fused = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
-    fused = resumed_rounds_per_call(fused, start_round)
-    train = training_input(run_setup, run_key, fused, first_round=start_round)
+    num_rounds_per_call = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
+    num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
+    train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
     round_fn = compile_rounds(
-        monitored(algorithm.round), fused, cohort_per_round=isinstance(train, CohortStream)
+        monitored(algorithm.round), num_rounds_per_call, cohort_per_round=isinstance(train, CohortStream)
     )
     evaluate = make_evaluator(
         engine.task,
@@ -233,19 +286,14 @@ def run_algorithm(
     diverged = None
     try:
         carry, timing = training_loop(
-            round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, fused,
+            round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, num_rounds_per_call,
             start_round=start_round, checkpointing=checkpointing, client_state=client_state,
         )
         state, health = carry[0], host_health(carry[1])
-        after_training = None
-        if algorithm.personalize is not None:
-            after_training = lambda: personalized_models(run_setup, algorithm, state)  # noqa: E731
-        elif config.finetune_epochs and not jax.tree.leaves(state.clients):
-            # Algorithms with personal models of their own (ditto) report those.
-            after_training = lambda: finetuned_models(run_setup, state, run_key)  # noqa: E731
-        if after_training is not None:
-            started = time.perf_counter()
-            summaries, clients = evaluate(state.params, after_training())
+        started = time.perf_counter()
+        personal = after_training_models(run_setup, algorithm, state, run_key)
+        if personal is not None:
+            summaries, clients = evaluate(state.params, personal)
             latest.update(summaries=summaries, clients=clients)
             spent = time.perf_counter() - started
             timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)
@@ -255,35 +303,11 @@ def run_algorithm(
         diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
         diverged["last_checkpoint_round"] = checkpoints.latest_round() if checkpoints is not None else None
         timing = LoopTiming(0.0, 0.0, 0.0, 0)
-    summary = {
-        **latest["summaries"],
-        "algorithm": name,
-        "status": "diverged" if diverged else "finished",
-        "rounds": config.rounds,
-        "rounds_without_weight": int(health["rounds_without_weight"]),
-        "strategy": engine.strategy.describe(),
-        "residency": run_setup.placement.residency if run_setup.placement else "device",
-    }
-    if name in CLIENT_STATE_ALGORITHMS:
-        summary["client_state"] = (
-            "host" if strategy.host_client_state
-            else "split" if strategy.shards_client_state else "replicated"
-        )
-    attack = attack_record(config, run_setup.corrupted)
-    if attack is not None:
-        summary["attack"] = attack
+    summary = run_summary(
+        run_setup, name, latest["summaries"], int(health["rounds_without_weight"]), diverged,
+        run_setup.hparams[name] if state is None else state.hparams,
+    )
     if diverged:
-        summary["diverged"] = diverged
         summary["evaluated_round"] = history[-1]["round"] if history else None
-    rounds_done = diverged["detected_at_round"] if diverged else config.rounds
-    hparams = run_setup.hparams[name] if state is None else jax.device_get(state.hparams)
-    privacy = privacy_spent(run_setup, name, {k: float(v) for k, v in hparams.items()}, rounds_done)
-    if privacy is not None:
-        summary["privacy"] = privacy
-    timing_record = {
-        **timing.as_dict(),
-        "rounds_per_call": fused,
-        "backend": jax.default_backend(),
-        "resumed_from_round": start_round or None,
-    }
+    timing_record = timing_fields(timing, num_rounds_per_call, start_round)
     return RunResult(name, state, history, summary, latest["clients"], timing_record)

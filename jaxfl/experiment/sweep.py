@@ -36,20 +36,20 @@ from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import ConfigError
 from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
-from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.runner import (
     Checkpointing,
     RunResult,
     Setup,
+    after_training_models,
     compile_rounds,
     make_evaluator,
     personal_evaluation_group,
-    personalized_models,
     place_carry,
-    privacy_spent,
     restore_carry,
     resumed_rounds_per_call,
     rounds_per_call,
+    run_summary,
+    timing_fields,
     training_input,
     training_loop,
 )
@@ -226,11 +226,11 @@ def run_sweep(
     histories: list[list[dict[str, Any]]] = (
         [list(h) for h in meta["histories"]] if meta else [[] for _ in points]
     )
-    fused = resumed_rounds_per_call(
+    num_rounds_per_call = resumed_rounds_per_call(
         rounds_per_call(engine.strategy, config.rounds, config.eval_every), start_round
     )
-    train = training_input(run_setup, keys, fused, first_round=start_round)
-    round_fn = batched_round(algorithm.round, fused, isinstance(train, CohortStream))
+    train = training_input(run_setup, keys, num_rounds_per_call, first_round=start_round)
+    round_fn = batched_round(algorithm.round, num_rounds_per_call, isinstance(train, CohortStream))
     evaluate = batched_evaluator(run_setup)
     if progress is not None and start_round:
         progress.update(start_round)
@@ -278,47 +278,25 @@ def run_sweep(
         if checkpoints is not None else None
     )
     carry, timing = training_loop(
-        round_fn, carry, train, keys, config, engine.strategy, on_evaluate, progress, fused,
+        round_fn, carry, train, keys, config, engine.strategy, on_evaluate, progress, num_rounds_per_call,
         start_round=start_round, checkpointing=checkpointing, stop_on_divergence=False,
     )
     states, health = carry
     health = host_health(health)
-    if algorithm.personalize is not None:
-        # Per-FedAvg's personal models, made after training as in a single run (`personalized_models`).
-        evaluate_points(states.params, personalized_models(run_setup, algorithm, states, batched=True))
-    timing_record = {
-        **timing.as_dict(),
-        # Throughput of the whole sweep, in rounds of all points per second.
-        "sweep_rounds_per_s": timing.rounds_per_s,
-        "rounds_per_call": fused,
-        "backend": jax.default_backend(),
-        "resumed_from_round": start_round or None,
-    }
-    del timing_record["rounds_per_s"]
+    # Made after training as in a single run (Per-FedAvg's adaptation, or --finetune-epochs).
+    personal = after_training_models(run_setup, algorithm, states, keys, batched=True)
+    if personal is not None:
+        evaluate_points(states.params, personal)
+    timing_record = timing_fields(timing, num_rounds_per_call, start_round)
+    # Throughput of the whole sweep, in rounds of all points per second.
+    timing_record["sweep_rounds_per_s"] = timing_record.pop("rounds_per_s")
     results = []
     for g, point in enumerate(points):
         state = jax.tree.map(lambda x, g=g: x[g], states)
-        diverged = divergence(health, g)
-        summary = {
-            **summaries[g],
-            "algorithm": name,
-            "status": "diverged" if diverged else "finished",
-            "hparams": dict(point.hparams),
-            "seed": point.seed,
-            "rounds": config.rounds,
-            "rounds_without_weight": int(health["rounds_without_weight"][g]),
-            "sweep_points": len(points),
-            "strategy": engine.strategy.describe(),
-        }
-        if diverged:
-            summary["diverged"] = diverged
-        attack = attack_record(run_setup.config, run_setup.corrupted)
-        if attack is not None:
-            summary["attack"] = attack
-        privacy = privacy_spent(
-            run_setup, name, {k: float(v) for k, v in jax.device_get(state.hparams).items()}, config.rounds
+        summary = run_summary(
+            run_setup, name, summaries[g], int(health["rounds_without_weight"][g]), divergence(health, g),
+            state.hparams,
         )
-        if privacy is not None:
-            summary["privacy"] = privacy
+        summary.update(hparams=dict(point.hparams), seed=point.seed, sweep_points=len(points))
         results.append(RunResult(name, state, histories[g], summary, clients[g], timing_record))
     return results

@@ -21,7 +21,6 @@ from jaxfl.data.population import ClientPopulation
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import RunConfig
 from jaxfl.experiment.health import divergence, host_health
-
 from jaxfl.experiment.interrupts import RunInterrupted, current_request
 from jaxfl.experiment.run_setup import Setup
 from jaxfl.training.client_state import HostClientState

@@ -3,7 +3,11 @@ with the same defaults, options are checked, and the runner passes each
 algorithm exactly its hyperparameters."""
 
 import dataclasses
+import re
+import subprocess
+import sys
 
+import jax
 import pytest
 from algorithms.reference_rounds import LOCAL, SIZES, TASK
 
@@ -15,6 +19,8 @@ from jaxfl.algorithms import (
     hparam_fields,
     server_optimizer,
 )
+from jaxfl.algorithms.base import no_personal_models
+from jaxfl.algorithms.registry import DITTO_GLOBALS
 from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
 from jaxfl.experiment.config import FIELDS, RunConfig, make_config
 from jaxfl.experiment.runner import (
@@ -142,3 +148,49 @@ def test_unknown_options_and_missing_population_size_raise():
         build_algorithm("fedfoo", ENGINE)
     with pytest.raises(ValueError, match="num_clients"):
         build_algorithm("afl", dataclasses.replace(ENGINE, num_clients=None))
+
+
+def test_the_configuration_reads_the_registry_without_jax():
+    # The command line refuses bad settings and prints its help before JAX is imported.
+    code = (
+        "import sys, jaxfl.experiment.config as c, jaxfl.algorithms.registry as r; "
+        "assert 'jax' not in sys.modules, sorted(m for m in sys.modules if m.startswith('jax'))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_what_an_entry_declares_is_what_its_algorithm_does(name):
+    spec = SPECS[name]
+    engine = dataclasses.replace(ENGINE, local=dataclasses.replace(LOCAL, batch_size=3))
+    algorithm = build_algorithm(name, engine)
+    state = jax.eval_shape(algorithm.init, TASK.model.init(jax.random.key(0)), {})
+    model_size = sum(leaf.size for leaf in jax.tree.leaves(TASK.model.init(jax.random.key(0))))
+    kept = sum(leaf.size for leaf in jax.tree.leaves(state.clients)) // (len(SIZES) * model_size)
+    # Rows kept in the state; the declared count may add rows made at evaluation (APFL's mixtures).
+    assert (kept > 0) == (spec.client_rows > 0) and kept <= spec.client_rows
+    assert spec.personal_models == (algorithm.personal_models is not no_personal_models)
+    assert spec.adapts_after_training == (algorithm.personalize is not None)
+    assert spec.host_rows or spec.client_rows
+    if spec.personal_models:
+        assert spec.client_rows
+    # The help of every setting it declares names it (or derives the names from here).
+    unnamed = [
+        setting
+        for setting in (*spec.hparams, *spec.options)
+        if setting not in spec.inherited
+        and not re.search(rf"(^|[ ,(;]){re.escape(name)}[:, ]", FIELDS[setting].metadata["help"])
+    ]
+    assert not unnamed, f"the help of {unnamed} does not name {name}"
+
+
+def test_ditto_takes_exactly_the_declared_global_solvers():
+    for name in SPECS:
+        engine = dataclasses.replace(ENGINE, num_clients=len(SIZES))
+        if name in DITTO_GLOBALS:
+            build_algorithm("ditto", engine, {"ditto_global": name})
+        else:
+            with pytest.raises(ValueError, match="ditto_global must be one of"):
+                build_algorithm("ditto", engine, {"ditto_global": name})
+    assert FIELDS["ditto_global"].metadata["choices"] == DITTO_GLOBALS
+

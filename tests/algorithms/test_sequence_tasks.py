@@ -1,4 +1,4 @@
-"""Every algorithm trains a token-sequence model: one compiled round of each on padded sequences.
+"""Every algorithm trains a token-sequence model: one round of each on padded sequences.
 
 The losses Δ-FL, q-FFL, AFL and TERM reweight by are the clients' mean token
 losses (`jaxfl.training.local.client_loss_and_error`, tested against a loop in
@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxfl.algorithms import Engine, algorithm_names, build_algorithm, server_optimizer
+from jaxfl.algorithms import Engine, algorithm_names, algorithm_spec, build_algorithm, server_optimizer
 from jaxfl.data.population import pack_clients
 from jaxfl.models.sequence import build_char_lstm
 from jaxfl.training import ClientStrategy, LocalTraining, Task
@@ -53,6 +53,13 @@ ENGINE = Engine(
 )
 
 
+def _compiled(name: str) -> bool:
+    """Whether the test compiles and runs `name`'s round: FedAvg's (the shared stages), and those of the
+    algorithms that train per-client models; the others' rounds are traced (compiling each took 3-5 s)."""
+    spec = algorithm_spec(name)
+    return name == "fedavg" or bool(spec.client_rows) or spec.adapts_after_training
+
+
 @pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_trains_a_sequence_model_in_one_compiled_round(name):
     # Per-FedAvg deals each minibatch into three parts.
@@ -63,6 +70,13 @@ def test_every_algorithm_trains_a_sequence_model_in_one_compiled_round(name):
     privacy = {"dp_noise_multiplier": 0.1, "dp_quantile_sigma": 1.0}
     hparams = {"lr": 0.5, **{k: v for k, v in privacy.items() if k in algorithm.hparam_defaults}}
     state = algorithm.init(params, hparams)
+    if not _compiled(name):
+        new_state, metrics = jax.eval_shape(algorithm.round, state, POPULATION, jax.random.key(1))
+        assert jax.tree.map(lambda a: (a.shape, a.dtype), new_state.params) == jax.tree.map(
+            lambda a: (a.shape, a.dtype), params
+        )
+        assert all(value.shape == () for value in jax.tree.leaves(metrics))
+        return
     new_state, metrics = jax.jit(algorithm.round)(state, POPULATION, jax.random.key(1))
     before, after = jax.tree.leaves(params), jax.tree.leaves(new_state.params)
     moved = [not np.allclose(a, b) for a, b in zip(before, after, strict=True)]

@@ -138,16 +138,17 @@ def _summaries(out: Path, algorithms: list[str]) -> dict[str, dict]:
     return {name: json.loads((out / name / "summary.json").read_text()) for name in algorithms}
 
 
-# Compiling ResNet-18's training step takes 30 s of the suite's 2 CPUs: its preset's round is traced at
-# its model size instead (below), and the model is tested at small width in tests/models. The
-# shakespeare-fedavg preset trains shakespeare-deltafl's model on its data, which runs end to end.
-# stackoverflow-lr and fmnist-dirichlet differ from runs elsewhere only in size (9-10 s each end to
-# end): stackoverflow-lr's pipeline (the 'tags' layout of the TFF files, bag-logistic, its recall@5
-# error) runs end to end in test_cli_datasets.py at a small vocabulary, and so do fmnist-dirichlet's
-# (the ConvNet on IDX files; Fashion-MNIST's Dirichlet partition, on Debian's files), and Delta-FL runs
-# end to end in shakespeare-deltafl's and sent140-lstm's presets. Their rounds and evaluations are traced
-# below.
-TRACED_ONLY = ("cifar100-resnet", "shakespeare-fedavg", "stackoverflow-lr", "fmnist-dirichlet")
+# Two presets run end to end (a run of two rounds from the command line, as a user's quick check): Delta-FL's
+# Shakespeare GRU and the Sent140 LSTM. The others' rounds and evaluations are traced at their model size
+# (below): compiling ResNet-18's training step alone takes 30 s of the suite's 2 CPUs, and each of the rest
+# 10-16 s. What they add beyond the trace runs end to end elsewhere at small size: the ConvNets on IDX files
+# and Fashion-MNIST's Dirichlet partition in test_cli_datasets.py, the LEAF and TFF file formats in
+# tests/data/formats, the CNNs and ResNet-18-GN (at small width) in tests/models, stackoverflow's 'tags'
+# layout with its recall@5 error in test_cli_datasets.py.
+TRACED_ONLY = (
+    "cifar100-resnet", "shakespeare-fedavg", "stackoverflow-lr", "fmnist-dirichlet", "emnist-cr", "femnist-leaf",
+    "stackoverflow-nwp",
+)
 
 
 def _assert_the_presets_config(name: str, config: dict, options: dict, **set_by_command) -> None:

@@ -30,7 +30,9 @@ TINY_FLAGS = [
 # over FedAvg, is checked against its single run in test_cli_robustness.py).
 @pytest.mark.parametrize("algorithm", ["deltafl"])
 def test_sweep_points_equal_single_runs(algorithm):
-    config = make_config({**TINY, "algorithm": algorithm})
+    # Fine-tuned after training (`--finetune-epochs`), each point as its single run is.
+    finetuned = {"finetune_epochs": 1}
+    config = make_config({**TINY, **finetuned, "algorithm": algorithm})
     run_setup = setup(config)
     name = config.algorithms[0]
     points = [
@@ -57,16 +59,15 @@ def test_sweep_points_equal_single_runs(algorithm):
     # test_resume.py's test_sweep_resumes_the_points_that_did_not_finish.
     point, result = points[1], results[1]
     single_config = make_config(
-        {**TINY, "algorithm": algorithm, "seed": point.seed, **point.hparams}
+        {**TINY, **finetuned, "algorithm": algorithm, "seed": point.seed, **point.hparams}
     )
     single = run_algorithm(setup(single_config), name)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
         result.state.params, single.state.params,
     )
-    np.testing.assert_allclose(
-        result.summary["test_error"]["mean"], single.summary["test_error"]["mean"], atol=1e-6
-    )
+    for key in ("test_error", "personal_train_loss"):
+        np.testing.assert_allclose(result.summary[key]["mean"], single.summary[key]["mean"], atol=1e-6)
 
 
 # The CLI's sweep (results.csv's rows; a point's config.json run alone reproduces the point) is

@@ -239,14 +239,9 @@ def test_resnet18_gn_size(full_resnet, small_resnet):
     x = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
     chex.assert_shape(jax.eval_shape(model.apply, params, x), (2, 100))
     chex.assert_shape(jax.eval_shape(model.apply, params, x, jax.random.key(0)), (2, 100))
-    # Another width and class count: the formula against the built model.
+    # Another width and class count: the formula against the built model (run for real below: the
+    # full width's forward pass cost 7 s of the suite and adds nothing its shapes and this one's run do not).
     assert count_parameters(small_resnet[3]) == resnet18_gn_parameters(10, channels=3, width=8)
-
-
-def test_resnet18_gn_one_real_forward(full_resnet):
-    logits = jax.jit(full_resnet.apply)(full_resnet.init(jax.random.key(0)), images(0, (2, 32, 32, 3)))
-    chex.assert_shape(logits, (2, 100))
-    chex.assert_tree_all_finite(logits)
 
 
 # ---------------------------------------------------------------------------
