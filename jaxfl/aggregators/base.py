@@ -33,10 +33,8 @@ client axis sharded over devices (GSPMD partitions the ordinary ops).
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +72,7 @@ def stateless_init(params: Params) -> PyTree:
     return ()
 
 
-class Cohort(NamedTuple):
+class SanitizedUpdates(NamedTuple):
     """The cohort's updates after the non-finite clients are dropped.
 
     Attributes:
@@ -119,7 +117,7 @@ def sq_global_norms(updates: Params) -> jax.Array:
     return sum(jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim))) for x in jax.tree.leaves(updates))
 
 
-def sanitize(updates: Params, weights: jax.Array, finite: jax.Array | None = None) -> Cohort:
+def sanitize(updates: Params, weights: jax.Array, finite: jax.Array | None = None) -> SanitizedUpdates:
     """Drops non-finite clients: weight 0 and values 0 (module docstring).
 
     Args:
@@ -129,7 +127,7 @@ def sanitize(updates: Params, weights: jax.Array, finite: jax.Array | None = Non
         losses) that a client must also pass.
 
     Returns:
-      The sanitized `Cohort`.
+      The `SanitizedUpdates`.
     """
     num_clients(updates, weights)
     sq = sq_global_norms(updates)
@@ -141,7 +139,7 @@ def sanitize(updates: Params, weights: jax.Array, finite: jax.Array | None = Non
     cleaned = jax.tree.map(
         lambda x: jnp.where(per_client(participating, x), x, jnp.zeros((), x.dtype)), updates
     )
-    return Cohort(
+    return SanitizedUpdates(
         updates=cleaned,
         weights=jnp.where(participating, weights, jnp.zeros((), weights.dtype)),
         participating=participating,
@@ -167,7 +165,7 @@ def rank_ascending(keys: jax.Array) -> jax.Array:
     return jnp.zeros(keys.shape, jnp.int32).at[order].set(jnp.arange(keys.shape[0], dtype=jnp.int32))
 
 
-def pairwise_sq_distances(cohort: Cohort) -> jax.Array:
+def pairwise_sq_distances(cohort: SanitizedUpdates) -> jax.Array:
     """`[M, M]` squared global L2 distances ||x_i - x_j||^2 between participants.
 
     Computed from the Gram matrix of the flattened clients summed over leaves,
@@ -190,7 +188,7 @@ def pairwise_sq_distances(cohort: Cohort) -> jax.Array:
     return jnp.where(pair & ~jnp.isnan(dist), dist, jnp.inf)
 
 
-def metrics(cohort: Cohort, aggregated: jax.Array, **extra: jax.Array) -> Metrics:
+def metrics(cohort: SanitizedUpdates, aggregated: jax.Array, **extra: jax.Array) -> Metrics:
     """The metrics every aggregator reports, plus `extra`."""
     out = {
         "aggregated_clients": jnp.asarray(aggregated, jnp.int32),
@@ -200,36 +198,3 @@ def metrics(cohort: Cohort, aggregated: jax.Array, **extra: jax.Array) -> Metric
     return out
 
 
-# Validation of static options: precise one-line errors.
-
-
-def check_int(aggregator_name: str, option: str, value: Any, minimum: int) -> int:
-    """`value` as an int >= minimum, or a ValueError naming the aggregator and option."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{aggregator_name} option {option} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def check_float(
-    aggregator_name: str,
-    option: str,
-    value: Any,
-    *,
-    low: float,
-    high: float = math.inf,
-    low_open: bool = False,
-    high_open: bool = True,
-) -> float:
-    """`value` as a finite float in the given interval, or a precise ValueError."""
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{aggregator_name} option {option} must be a number in {interval}, got {value!r}")
-    number = float(value)
-    inside = (
-        math.isfinite(number)
-        and (number > low if low_open else number >= low)
-        and (number < high if high_open else number <= high)
-    )
-    if not inside:
-        raise ValueError(f"{aggregator_name} option {option} must be in {interval}, got {value!r}")
-    return number

@@ -23,6 +23,7 @@ from jaxfl.aggregators import base
 from jaxfl.aggregators.base import Aggregator
 from jaxfl.training.cohort import weighted_mean
 from jaxfl.types import Params
+from jaxfl.validation import check_int, check_number
 
 
 def _clip_factors(norms: jax.Array, radius: jax.Array | float) -> jax.Array:
@@ -106,8 +107,8 @@ def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
       [CC] Karimireddy, He, Jaggi 2021, Algorithm "centered clipping" (eq. 2,
         with v initialized at the previous round's aggregate); [ByzFL].
     """
-    radius = base.check_float("centered-clipping", "radius", radius, low=0.0, low_open=True)
-    iterations = base.check_int("centered-clipping", "iterations", iterations, 1)
+    radius = check_number("centered-clipping option radius", radius, low=0.0, low_open=True)
+    iterations = check_int("centered-clipping option iterations", iterations, minimum=1)
 
     def init(params):
         return jax.tree.map(jnp.zeros_like, params)

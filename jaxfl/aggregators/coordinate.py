@@ -27,6 +27,7 @@ from jax import lax
 from jaxfl.aggregators import base
 from jaxfl.aggregators.base import Aggregator
 from jaxfl.training.cohort import weighted_mean
+from jaxfl.validation import check_number
 
 
 def mean() -> Aggregator:
@@ -58,7 +59,7 @@ def mean() -> Aggregator:
     return Aggregator("mean", base.stateless_init, aggregate, uses_losses=False)
 
 
-def _sorted_with_weights(x: jax.Array, cohort: base.Cohort) -> tuple[jax.Array, jax.Array]:
+def _sorted_with_weights(x: jax.Array, cohort: base.SanitizedUpdates) -> tuple[jax.Array, jax.Array]:
     """A leaf `[M, ...]` sorted along the clients, with the weights following.
 
     Non-participants sort last (their values become +inf, their weight is 0);
@@ -146,7 +147,7 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
         floor(beta K) largest and smallest values and average the rest);
         [ByzFL]; Yin et al. 2018.
     """
-    beta = base.check_float("trimmed-mean", "beta", beta, low=0.0, high=0.5)
+    beta = check_number("trimmed-mean option beta", beta, low=0.0, high=0.5, high_open=True)
 
     def aggregate(updates, weights, state, losses=None):
         del losses  # Unused.

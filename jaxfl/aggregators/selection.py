@@ -22,9 +22,10 @@ import jax.numpy as jnp
 from jaxfl.aggregators import base
 from jaxfl.aggregators.base import Aggregator
 from jaxfl.training.cohort import weighted_mean
+from jaxfl.validation import check_int
 
 
-def krum_scores(cohort: base.Cohort, byzantine: int) -> jax.Array:
+def krum_scores(cohort: base.SanitizedUpdates, byzantine: int) -> jax.Array:
     """`[M]` Krum scores; +inf for clients that do not participate.
 
     score(j) = sum of the k smallest ||x_j - x_i||^2 over participants i != j,
@@ -65,7 +66,7 @@ def krum(byzantine: int = 0) -> Aggregator:
         smallest distances including the zero to itself, the same score);
         Blanchard et al. 2017.
     """
-    byzantine = base.check_int("krum", "byzantine", byzantine, 0)
+    byzantine = check_int("krum option byzantine", byzantine, minimum=0)
 
     def aggregate(updates, weights, state, losses=None):
         del losses  # Unused.
@@ -100,8 +101,8 @@ def multi_krum(byzantine: int = 0, selected: int = 0) -> Aggregator:
       [Li 2023], Section 5.3.3 (multi-Krum: the average of the m = K - f
         updates with the lowest Krum scores); Blanchard et al. 2017.
     """
-    byzantine = base.check_int("multi-krum", "byzantine", byzantine, 0)
-    selected = base.check_int("multi-krum", "selected", selected, 0)
+    byzantine = check_int("multi-krum option byzantine", byzantine, minimum=0)
+    selected = check_int("multi-krum option selected", selected, minimum=0)
 
     def aggregate(updates, weights, state, losses=None):
         del losses  # Unused.
@@ -139,7 +140,7 @@ def k_norm(byzantine: int = 0) -> Aggregator:
         malicious devices", and average the rest; the thesis' stand-in for
         the gradient-norm based anomaly detector of its Section 2.3).
     """
-    byzantine = base.check_int("k-norm", "byzantine", byzantine, 0)
+    byzantine = check_int("k-norm option byzantine", byzantine, minimum=0)
 
     def aggregate(updates, weights, state, losses=None):
         del losses  # Unused.
@@ -174,7 +175,7 @@ def k_loss(byzantine: int = 0) -> Aggregator:
       [Li 2023], Appendix 5.7.4 (k-loss: "we only use the model update
         with the k+1-th largest training loss", k = f).
     """
-    byzantine = base.check_int("k-loss", "byzantine", byzantine, 0)
+    byzantine = check_int("k-loss option byzantine", byzantine, minimum=0)
 
     def aggregate(updates, weights, state, losses=None):
         if losses is None:

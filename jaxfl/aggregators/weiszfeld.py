@@ -19,6 +19,7 @@ from jaxfl.aggregators import base
 from jaxfl.aggregators.base import Aggregator
 from jaxfl.training.cohort import weighted_mean
 from jaxfl.types import Params
+from jaxfl.validation import check_int, check_number
 
 
 def _distances(updates: Params, center: Params) -> jax.Array:
@@ -60,9 +61,9 @@ def geometric_median(nu: float = 1e-6, max_iterations: int = 4, ftol: float = 1e
       [RFA] Pillutla, Kakade, Harchaoui 2022, the smoothed Weiszfeld
         algorithm; [RFA-TFF].
     """
-    nu = base.check_float("geometric-median", "nu", nu, low=0.0, low_open=True)
-    max_iterations = base.check_int("geometric-median", "max_iterations", max_iterations, 1)
-    ftol = base.check_float("geometric-median", "ftol", ftol, low=0.0)
+    nu = check_number("geometric-median option nu", nu, low=0.0, low_open=True)
+    max_iterations = check_int("geometric-median option max_iterations", max_iterations, minimum=1)
+    ftol = check_number("geometric-median option ftol", ftol, low=0.0)
 
     def aggregate(updates, weights, state, losses=None):
         del losses  # Unused.

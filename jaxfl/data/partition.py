@@ -49,12 +49,13 @@ References:
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from jaxfl.validation import check_fraction, check_int, check_number
 
 __all__ = [
     "PARTITIONERS",
@@ -77,34 +78,6 @@ _SERVE_BLOCK = 1024
 # ---------------------------------------------------------------------------
 # Argument checks: one-line ValueErrors naming the argument and its range.
 # ---------------------------------------------------------------------------
-
-
-def _check_int(name, value, *, minimum, maximum=None, note=""):
-    """Returns `value` as an int, or raises naming `name` and its range."""
-    if maximum is None:
-        allowed = f"{name} must be an integer >= {minimum}"
-    else:
-        allowed = f"{name} must be an integer in [{minimum}, {maximum}]{note}"
-    # bool is an Integral, but `num_clients=True` is a mistake, not a 1.
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{allowed}, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{allowed}, got {value!r}")
-    return int(value)
-
-
-def _check_float(name, value, *, allowed, ok):
-    """Returns `value` as a finite float for which `ok(value)` holds, or raises."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number {allowed}, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{name} must be a number {allowed}, got {value!r}")
-    return value
-
-
-def _check_seed(seed):
-    return _check_int("seed", seed, minimum=0)
 
 
 def _as_array(name, value, expected):
@@ -130,7 +103,7 @@ def _check_labels(labels, name="labels"):
 
 
 def _check_num_clients(num_clients, num_examples):
-    return _check_int(
+    return check_int(
         "num_clients", num_clients, minimum=1, maximum=num_examples, note=" (the number of examples)"
     )
 
@@ -220,9 +193,9 @@ def iid(num_examples: int, num_clients: int, *, seed: int) -> list[np.ndarray]:
     Raises:
       ValueError: an argument outside its range.
     """
-    num_examples = _check_int("num_examples", num_examples, minimum=1)
+    num_examples = check_int("num_examples", num_examples, minimum=1)
     num_clients = _check_num_clients(num_clients, num_examples)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     return [
         part.astype(np.int64, copy=False)
         for part in np.array_split(rng.permutation(num_examples), num_clients)
@@ -344,8 +317,8 @@ def dirichlet(
     labels = _check_labels(labels)
     num_examples = labels.size
     num_clients = _check_num_clients(num_clients, num_examples)
-    alpha = _check_float("alpha", alpha, allowed="> 0 (finite)", ok=lambda a: a > 0)
-    min_size = _check_int(
+    alpha = check_number("alpha", alpha, low=0.0, low_open=True)
+    min_size = check_int(
         "min_size",
         min_size,
         minimum=0,
@@ -354,8 +327,8 @@ def dirichlet(
     )
     if not isinstance(balance, bool | np.bool_):
         raise ValueError(f"balance must be True or False, got {balance!r}")
-    max_attempts = _check_int("max_attempts", max_attempts, minimum=1)
-    rng = np.random.default_rng(_check_seed(seed))
+    max_attempts = check_int("max_attempts", max_attempts, minimum=1)
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
 
     num_classes = int(labels.max()) + 1
     class_sizes = np.bincount(labels, minlength=num_classes)
@@ -555,14 +528,14 @@ def dirichlet_mixture(
     """
     labels = _check_labels(labels)
     num_examples = labels.size
-    num_clients = _check_int("num_clients", num_clients, minimum=1)
-    alpha = _check_float("alpha", alpha, allowed="> 0 (finite)", ok=lambda a: a > 0)
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    alpha = check_number("alpha", alpha, low=0.0, low_open=True)
     sizes = _check_client_sizes(client_sizes, num_clients, num_examples)
     class_sizes = np.bincount(labels)
     prior = _check_prior(prior, labels, class_sizes)
     num_classes = prior.size
     class_sizes = np.bincount(labels, minlength=num_classes)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
 
     concentration = alpha * num_classes * prior
     support = np.flatnonzero(concentration > 0)
@@ -629,14 +602,14 @@ def shards(
     labels = _check_labels(labels)
     num_examples = labels.size
     num_clients = _check_num_clients(num_clients, num_examples)
-    shards_per_client = _check_int(
+    shards_per_client = check_int(
         "shards_per_client",
         shards_per_client,
         minimum=1,
         maximum=num_examples // num_clients,
         note=f" (examples // num_clients = {num_examples} // {num_clients}, so no shard is empty)",
     )
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     num_shards = num_clients * shards_per_client
     pool, _ = _class_pools(rng, labels, int(labels.max()) + 1)
     shard_sizes = np.full(num_shards, num_examples // num_shards, np.int64)
@@ -691,16 +664,16 @@ def lognormal_client_sizes(
     Raises:
       ValueError: an argument outside its range.
     """
-    num_clients = _check_int("num_clients", num_clients, minimum=1)
-    min_size = _check_int("min_size", min_size, minimum=0)
-    total = _check_int(
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    min_size = check_int("min_size", min_size, minimum=0)
+    total = check_int(
         "total",
         total,
         minimum=num_clients * min_size,
         maximum=np.iinfo(np.int64).max,
         note=" (num_clients * min_size and up)",
     )
-    sigma = _check_float("sigma", sigma, allowed=">= 0 (finite)", ok=lambda s: s >= 0)
+    sigma = check_number("sigma", sigma, low=0.0)
     rng = _check_rng(rng)
     weights = rng.lognormal(0.0, sigma, num_clients)
     if total == num_clients * min_size:
@@ -757,16 +730,16 @@ def lognormal_sizes(
     Raises:
       ValueError: an argument outside its range.
     """
-    num_examples = _check_int("num_examples", num_examples, minimum=1)
+    num_examples = check_int("num_examples", num_examples, minimum=1)
     num_clients = _check_num_clients(num_clients, num_examples)
-    min_size = _check_int(
+    min_size = check_int(
         "min_size",
         min_size,
         minimum=0,
         maximum=num_examples // num_clients,
         note=f" (examples // num_clients = {num_examples} // {num_clients})",
     )
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     sizes = lognormal_client_sizes(num_examples, num_clients, sigma, rng, min_size)
     return _split(rng.permutation(num_examples), sizes)
 
@@ -814,8 +787,8 @@ def split_each_client(
         arrays.append(array.astype(np.int64, copy=False))
     if not arrays:
         raise ValueError("parts must hold at least one client, got none")
-    fraction = _check_float("fraction", fraction, allowed="in (0, 1)", ok=lambda f: 0 < f < 1)
-    rng = np.random.default_rng(_check_seed(seed))
+    fraction = check_fraction("fraction", fraction)
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
 
     sizes = np.array([a.size for a in arrays], np.int64)
     held = np.floor(fraction * sizes + 0.5).astype(np.int64)
@@ -864,7 +837,7 @@ def partition_statistics(
       ValueError: an argument outside its range.
     """
     labels = _check_labels(labels)
-    num_classes = _check_int("num_classes", num_classes, minimum=int(labels.max()) + 1)
+    num_classes = check_int("num_classes", num_classes, minimum=int(labels.max()) + 1)
     arrays = []
     for part in parts:
         array = _as_array("parts", part, "1-D integer index arrays")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from collections.abc import Iterator
 
 import numpy as np
@@ -42,6 +41,7 @@ from jaxfl.data.population import (
     pack_arrays,
     pack_clients,
 )
+from jaxfl.validation import check_int, check_number
 
 __all__ = [
     "fedprox_synthetic",
@@ -59,59 +59,9 @@ __all__ = [
 _MAX_EXAMPLES = np.iinfo(np.int32).max - 1
 
 
-# ---------------------------------------------------------------------------
-# Argument checks: each names the argument and its allowed range, so that the
-# registry (and the CLI above it) can pass the message through unchanged.
-# ---------------------------------------------------------------------------
-
-
-def _range_text(minimum, maximum, min_inclusive=True, max_inclusive=True):
-    if maximum is None:
-        return f"{'>=' if min_inclusive else '>'} {minimum}"
-    left = "[" if min_inclusive else "("
-    right = "]" if max_inclusive else ")"
-    return f"in {left}{minimum}, {maximum}{right}"
-
-
-def _check_int(name, value, *, minimum, maximum=None):
-    """Returns `value` as an int, or raises naming `name` and its range."""
-    allowed = f"{name} must be an integer {_range_text(minimum, maximum)}"
-    # bool is an Integral, but `num_clients=True` is a mistake, not a 1.
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{allowed}, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        raise ValueError(f"{allowed}, got {value!r}")
-    return int(value)
-
-
-def _check_float(
-    name,
-    value,
-    *,
-    minimum,
-    maximum=None,
-    min_inclusive=True,
-    max_inclusive=True,
-):
-    """Returns `value` as a float, or raises naming `name` and its range."""
-    allowed = (
-        f"{name} must be a number "
-        f"{_range_text(minimum, maximum, min_inclusive, max_inclusive)}"
-    )
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{allowed}, got {value!r}")
-    value = float(value)
-    too_low = value < minimum if min_inclusive else value <= minimum
-    too_high = maximum is not None and (
-        value > maximum if max_inclusive else value >= maximum
-    )
-    if not math.isfinite(value) or too_low or too_high:
-        raise ValueError(f"{allowed}, got {value!r}")
-    return value
-
-
-def _check_seed(name, value):
-    return _check_int(name, value, minimum=0)
+# Arguments are checked by `jaxfl.validation` (each message names the argument
+# and its range, so that the registry and the CLI above it pass it through);
+# memory before anything large is drawn.
 
 
 def _check_fits(nbytes, what, hint):
@@ -263,22 +213,22 @@ def fedprox_synthetic(
     Raises:
       ValueError: an argument outside its range (the message names it).
     """
-    num_clients = _check_int("num_clients", num_clients, minimum=1)
-    num_features = _check_int("num_features", num_features, minimum=1)
-    num_classes = _check_int("num_classes", num_classes, minimum=2)
-    size_sigma = _check_float("size_sigma", size_sigma, minimum=0.0)
-    train_fraction = _check_float(
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    num_features = check_int("num_features", num_features, minimum=1)
+    num_classes = check_int("num_classes", num_classes, minimum=2)
+    size_sigma = check_number("size_sigma", size_sigma, low=0.0)
+    train_fraction = check_number(
         "train_fraction",
         train_fraction,
-        minimum=0.0,
-        maximum=1.0,
-        min_inclusive=False,
-        max_inclusive=False,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        high_open=True,
     )
-    seed = _check_seed("seed", seed)
+    seed = check_int("seed", seed, minimum=0)
     if not iid:
-        alpha = _check_float("alpha", alpha, minimum=0.0)
-        beta = _check_float("beta", beta, minimum=0.0)
+        alpha = check_number("alpha", alpha, low=0.0)
+        beta = check_number("beta", beta, low=0.0)
 
     _check_fits(
         fedprox_synthetic_nbytes(num_clients, num_features, num_classes),
@@ -524,26 +474,26 @@ def label_shift(
       ValueError: an argument outside its range, or a class pool that runs
         out of examples (the message says which and by how much).
     """
-    num_train_clients = _check_int("num_train_clients", num_train_clients, minimum=1)
-    num_validation_clients = _check_int(
+    num_train_clients = check_int("num_train_clients", num_train_clients, minimum=1)
+    num_validation_clients = check_int(
         "num_validation_clients", num_validation_clients, minimum=0
     )
-    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
-    examples_per_client = _check_int(
+    num_test_clients = check_int("num_test_clients", num_test_clients, minimum=1)
+    examples_per_client = check_int(
         "examples_per_client", examples_per_client, minimum=1
     )
-    train_concentration = _check_float(
-        "train_concentration", train_concentration, minimum=0.0, min_inclusive=False
+    train_concentration = check_number(
+        "train_concentration", train_concentration, low=0.0, low_open=True
     )
-    test_concentration = _check_float(
-        "test_concentration", test_concentration, minimum=0.0, min_inclusive=False
+    test_concentration = check_number(
+        "test_concentration", test_concentration, low=0.0, low_open=True
     )
     # make_classification needs at least one example per class.
-    pool_size = _check_int(
+    pool_size = check_int(
         "pool_size", pool_size, minimum=_LABEL_SHIFT_NUM_CLASSES, maximum=_MAX_EXAMPLES
     )
-    data_seed = _check_seed("data_seed", data_seed)
-    partition_seed = _check_seed("partition_seed", partition_seed)
+    data_seed = check_int("data_seed", data_seed, minimum=0)
+    partition_seed = check_int("partition_seed", partition_seed, minimum=0)
     total_clients = num_train_clients + num_validation_clients + num_test_clients
     if total_clients * examples_per_client > pool_size:
         raise ValueError(
@@ -677,13 +627,13 @@ def peer_benchmark(
     Raises:
       ValueError: an argument outside its range (the message names it).
     """
-    num_features = _check_int("num_features", num_features, minimum=1)
-    num_classes = _check_int("num_classes", num_classes, minimum=2)
-    num_clients = _check_int("num_clients", num_clients, minimum=1)
-    min_examples = _check_int("min_examples", min_examples, minimum=1)
-    max_examples = _check_int("max_examples", max_examples, minimum=min_examples)
-    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
-    seed = _check_seed("seed", seed)
+    num_features = check_int("num_features", num_features, minimum=1)
+    num_classes = check_int("num_classes", num_classes, minimum=2)
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    min_examples = check_int("min_examples", min_examples, minimum=1)
+    max_examples = check_int("max_examples", max_examples, minimum=min_examples)
+    num_test_clients = check_int("num_test_clients", num_test_clients, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
     _check_total_examples(
         (num_clients + num_test_clients) * max_examples, "peer-benchmark"
     )
@@ -809,16 +759,16 @@ def many_clients(
     Raises:
       ValueError: an argument outside its range (the message names it).
     """
-    num_clients = _check_int("num_clients", num_clients, minimum=1)
-    min_examples = _check_int("min_examples", min_examples, minimum=1)
-    max_examples = _check_int("max_examples", max_examples, minimum=min_examples)
-    num_features = _check_int("num_features", num_features, minimum=1)
-    num_classes = _check_int("num_classes", num_classes, minimum=2)
-    label_skew = _check_float("label_skew", label_skew, minimum=0.0)
+    num_clients = check_int("num_clients", num_clients, minimum=1)
+    min_examples = check_int("min_examples", min_examples, minimum=1)
+    max_examples = check_int("max_examples", max_examples, minimum=min_examples)
+    num_features = check_int("num_features", num_features, minimum=1)
+    num_classes = check_int("num_classes", num_classes, minimum=2)
+    label_skew = check_number("label_skew", label_skew, low=0.0)
     if num_test_clients is None:
         num_test_clients = min(num_clients, 1000)
-    num_test_clients = _check_int("num_test_clients", num_test_clients, minimum=1)
-    seed = _check_seed("seed", seed)
+    num_test_clients = check_int("num_test_clients", num_test_clients, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
     if storage not in ("memory", "disk"):
         raise ValueError(f"storage must be 'memory' or 'disk', got {storage!r}")
     _check_total_examples(num_clients * min_examples, "many-clients")

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from jaxfl.data import partition as partitioners
-from jaxfl.data.datasets.common import check_fraction, check_option, check_positive_int, progress_bar
+from jaxfl.data.datasets.common import progress_bar
+from jaxfl.validation import check_choice, check_fraction, check_int
 
 TEST_SPLITS = ("unseen", "held-out")
 
@@ -96,12 +97,12 @@ def partitioner_options(options: Mapping[str, Any], num_examples: int, num_clien
 def check_partition_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Validates the shared options (the partitioner checks its own on use)."""
     options = dict(options)
-    check_option("partition", options["partition"], tuple(partitioners.PARTITIONERS))
-    check_option("test", options["test"], TEST_SPLITS)
-    options["num_clients"] = check_positive_int("num_clients", options["num_clients"])
-    options["num_test_clients"] = check_positive_int("num_test_clients", options["num_test_clients"])
+    check_choice("partition", options["partition"], tuple(partitioners.PARTITIONERS))
+    check_choice("test", options["test"], TEST_SPLITS)
+    options["num_clients"] = check_int("num_clients", options["num_clients"])
+    options["num_test_clients"] = check_int("num_test_clients", options["num_test_clients"])
     options["test_fraction"] = check_fraction("test_fraction", options["test_fraction"])
-    options["seed"] = check_positive_int("seed", options["seed"], minimum=0)
+    options["seed"] = check_int("seed", options["seed"], minimum=0)
     return options
 
 

@@ -138,28 +138,6 @@ def take_first(features: Mapping[str, np.ndarray], limit: int | None) -> dict[st
     return {k: v[:limit] for k, v in features.items()}
 
 
-def check_option(name: str, value: Any, allowed: Sequence[Any]) -> Any:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
-    return value
-
-
-def check_positive_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"{name} must be an integer >= {minimum}{' or null' if optional else ''}, got {value!r}"
-        )
-    return int(value)
-
-
-def check_fraction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
-    return float(value)
-
-
 def size_statistics(counts: np.ndarray) -> dict[str, int]:
     counts = np.asarray(counts)
     return {

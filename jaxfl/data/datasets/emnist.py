@@ -31,9 +31,6 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
-    check_fraction,
-    check_option,
-    check_positive_int,
     fedjax_sqlite_source,
     find_file,
     find_file_or_archive,
@@ -48,6 +45,7 @@ from jaxfl.data.datasets.common import (
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
 from jaxfl.data.population import FederatedDataset
+from jaxfl.validation import check_choice, check_fraction, check_int
 
 _CONVERTER_VERSION = 1
 PIXELS = ("tff", "inverted")
@@ -128,10 +126,10 @@ def emnist(
       The `FederatedDataset` (memory-mapped from the cache); the test
       clients are the training writers' published held-out examples.
     """
-    check_option("pixels", pixels, PIXELS)
+    check_choice("pixels", pixels, PIXELS)
     if not isinstance(only_digits, bool):
         raise ValueError(f"only_digits must be true or false, got {only_digits!r}")
-    cap = check_positive_int("max_examples_per_client", max_examples_per_client, optional=True)
+    cap = check_int("max_examples_per_client", max_examples_per_client, optional=True)
     directory = check_data_dir(data_dir, "emnist")
     if directory is None:
         raise missing("emnist", "EMNIST files", "(no --data-dir given; EMNIST ships with no package)")
@@ -196,11 +194,11 @@ def femnist(
       test_fraction: share held out by 'users' or 'examples'.
       seed: seed of the 'users' split.
     """
-    check_option("pixels", pixels, PIXELS)
-    check_option("split", split, ("published", "users", "examples"))
-    min_examples = check_positive_int("min_examples", min_examples)
+    check_choice("pixels", pixels, PIXELS)
+    check_choice("split", split, ("published", "users", "examples"))
+    min_examples = check_int("min_examples", min_examples)
     test_fraction = check_fraction("test_fraction", test_fraction)
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
     directory = check_data_dir(data_dir, "femnist")
     if directory is None:
         raise missing("femnist", "LEAF femnist JSON", "(no --data-dir given; FEMNIST ships with no package)")

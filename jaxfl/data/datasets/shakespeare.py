@@ -43,9 +43,6 @@ import numpy as np
 
 from jaxfl.data.datasets.common import (
     check_data_dir,
-    check_fraction,
-    check_option,
-    check_positive_int,
     fedjax_sqlite_source,
     find_file,
     find_file_or_archive,
@@ -71,6 +68,7 @@ from jaxfl.data.text import (
     leaf_normalize,
     next_char_windows,
 )
+from jaxfl.validation import check_choice, check_fraction, check_int
 
 _CONVERTER_VERSION = 3  # 3: excluded_target_ids; 2: LEAF windows outside the vocabulary, stride
 
@@ -243,15 +241,15 @@ def shakespeare(
       The `FederatedDataset` (memory-mapped from the cache), token inputs
       (`input_vocab_size` = the vocabulary's size).
     """
-    sequence_length = check_positive_int("sequence_length", sequence_length)
-    stride = check_positive_int("stride", stride)
-    check_option("layout", layout, LAYOUTS)
-    check_option("vocabulary", vocabulary, tuple(VOCABULARIES))
-    check_option("split", split, SPLITS)
+    sequence_length = check_int("sequence_length", sequence_length)
+    stride = check_int("stride", stride)
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("vocabulary", vocabulary, tuple(VOCABULARIES))
+    check_choice("split", split, SPLITS)
     test_fraction = check_fraction("test_fraction", test_fraction)
-    min_chars = check_positive_int("min_chars", min_chars, minimum=0)
-    cap = check_positive_int("max_examples_per_client", max_examples_per_client, optional=True)
-    seed = check_positive_int("seed", seed, minimum=0)
+    min_chars = check_int("min_chars", min_chars, minimum=0)
+    cap = check_int("max_examples_per_client", max_examples_per_client, optional=True)
+    seed = check_int("seed", seed, minimum=0)
     vocab = VOCABULARIES[vocabulary]
     if layout == "sequence" and vocab.bos_id is None:
         raise ValueError(

@@ -56,8 +56,6 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
-    check_option,
-    check_positive_int,
     fedjax_sqlite_source,
     find_file,
     find_file_or_archive,
@@ -72,6 +70,7 @@ from jaxfl.data.datasets.common import (
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.text import TagVocabulary, WordVocabulary, word_sequences
+from jaxfl.validation import check_choice, check_int
 
 _CONVERTER_VERSION = 3  # 2: excluded_target_ids; 3: layout 'tags'
 LAYOUTS = ("next-word", "sequence", "tags")
@@ -204,12 +203,12 @@ def stackoverflow(
     Returns:
       The `FederatedDataset` (memory-mapped from the cache), token inputs.
     """
-    vocab_size = check_positive_int("vocab_size", vocab_size)
-    sequence_length = check_positive_int("sequence_length", sequence_length)
-    check_option("layout", layout, LAYOUTS)
-    cap = check_positive_int("max_examples_per_client", max_examples_per_client, optional=True)
-    num_tags = check_positive_int("num_tags", num_tags)
-    max_words = check_positive_int("max_words", max_words)
+    vocab_size = check_int("vocab_size", vocab_size)
+    sequence_length = check_int("sequence_length", sequence_length)
+    check_choice("layout", layout, LAYOUTS)
+    cap = check_int("max_examples_per_client", max_examples_per_client, optional=True)
+    num_tags = check_int("num_tags", num_tags)
+    max_words = check_int("max_words", max_words)
     directory = check_data_dir(data_dir, "stackoverflow")
     if directory is None:
         raise missing("stackoverflow", "StackOverflow files", "(no --data-dir given)")

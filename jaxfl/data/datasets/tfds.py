@@ -23,10 +23,11 @@ from jaxfl.data.datasets.centralized import (
     partition_summary,
     write_partitioned,
 )
-from jaxfl.data.datasets.common import check_positive_int, load_cached, progress_bar
+from jaxfl.data.datasets.common import load_cached, progress_bar
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.tfds_source import TfdsInfo, read_tfds, tfds_info
 from jaxfl.data.population import FederatedDataset
+from jaxfl.validation import check_int
 
 _CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
 _D = PARTITION_DEFAULTS
@@ -117,7 +118,7 @@ def tfds_dataset(
       The `FederatedDataset` (memory-mapped from the cache).
     """
     root = Path(data_dir).expanduser() if data_dir is not None else default_tfds_data_dir()
-    min_examples = check_positive_int("min_examples", min_examples)
+    min_examples = check_int("min_examples", min_examples)
     info = tfds_info(name, root)
     where = f"tfds:{info.full_name} in {info.dataset_dir}"
     label = info.label_key
