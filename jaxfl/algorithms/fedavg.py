@@ -65,7 +65,7 @@ def straggler_plan(
       The plan, or None when no client straggles (nothing is compiled in).
 
     Raises:
-      ValueError: stragglers outside [0, 1), or kept stragglers with E < 2.
+      ValueError: stragglers outside [0, 1), or kept stragglers with num_epochs < 2.
     """
     count = num_stragglers(clients_per_round, stragglers)
     if count == 0:

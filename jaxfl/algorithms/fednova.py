@@ -80,7 +80,7 @@ def fednova(
       server_tx: server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
       stragglers: fraction of each cohort that runs fewer epochs, drawn from
-        1..E-1, and keeps its work (static; needs E >= 2).
+        1 to num_epochs - 1, and keeps its work (static; needs num_epochs >= 2).
 
     Returns:
       The `FederatedAlgorithm`.

@@ -61,7 +61,7 @@ def fedprox(
 
     Raises:
       ValueError: stragglers outside [0, 1), or stragglers > 0 with fewer
-        than 2 local epochs (a straggler runs 1..E-1 epochs).
+        than 2 local epochs (a straggler runs 1 to num_epochs - 1 epochs).
     """
     return stages.compose_round(
         "fedprox",

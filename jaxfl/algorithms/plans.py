@@ -118,10 +118,10 @@ def num_stragglers(clients_per_round: int, fraction: float) -> int:
 
 
 def check_straggler_epochs(count: int, max_epochs: int) -> None:
-    """Raises ValueError if stragglers must run partial work but E < 2."""
+    """Raises ValueError if stragglers must run partial work but max_epochs < 2."""
     if count > 0 and max_epochs < 2:
         raise ValueError(
-            "stragglers run 1..E-1 local epochs, so stragglers > 0 needs "
+            "stragglers run 1 to local_epochs - 1 local epochs, so stragglers > 0 needs "
             f"local_epochs >= 2, got local_epochs={max_epochs}"
         )
 
@@ -146,13 +146,13 @@ def draw_stragglers(
         so that both see the same stragglers).
       client_ids: `[M]` the cohort.
       count: number of stragglers (static), from `num_stragglers`.
-      max_epochs: E, the full clients' epochs, >= 2.
+      max_epochs: the full clients' epochs, >= 2.
 
     Returns:
       The `Stragglers`.
 
     Raises:
-      ValueError: count > 0 and E < 2.
+      ValueError: count > 0 and max_epochs < 2.
     """
     check_straggler_epochs(count, max_epochs)
     choice_key, epochs_key = jax.random.split(key)

@@ -135,7 +135,8 @@ class ClientPlan(NamedTuple):
         default aggregation), or None: alpha.
       active: `[M]` bool, the clients that train; the others run no local
         step and get zero weight in the default aggregation. None: all.
-      num_epochs: `[M]` int32 local epochs per client (<= E), or None: E.
+      num_epochs: `[M]` int32 local epochs per client (at most the local
+        training's `num_epochs`), or None: that number.
       extra: the new algorithm-specific state, or None: unchanged.
       metrics: extra round metrics, or None.
     """

@@ -126,7 +126,7 @@ class RunConfig:
     embedding_dim: int = _field(32, "embedding-bag: width of the token embeddings", low=1)
     rounds: int = _field(2000, "communication rounds", low=1)
     clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
-    local_epochs: int = _field(1, "local epochs per client (E)", low=1, high=10_000)
+    local_epochs: int = _field(1, "local epochs per client", low=1, high=10_000)
     batch_size: int = _field(10, "local minibatch size (B)", low=1)
     max_local_steps: int | None = _field(
         None, "cap on a client's local steps", low=1, optional=True
@@ -209,8 +209,8 @@ class RunConfig:
     )
     stragglers: float = _option(
         "stragglers",
-        "fraction in [0, 1) of each cohort that straggles (runs 1..E-1 epochs, E the local epochs; "
-        "needs E >= 2 where their work is kept); fedavg drops them (as apfl's and ditto's fedavg do), "
+        "fraction in [0, 1) of each cohort that straggles (runs 1 to local_epochs - 1 epochs; needs "
+        "local_epochs >= 2 where their work is kept); fedavg drops them (as apfl's and ditto's fedavg do), "
         "fedprox and fednova keep their work",
         low=0.0, high=1.0, high_open=True,
     )

@@ -31,9 +31,9 @@ FINETUNE_STREAM = 0x46494E45
 
 
 def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
-    """`--finetune-epochs E`: every training client's fine-tuned global model, leaves `[N, ...]`.
+    """`--finetune-epochs`: every training client's fine-tuned global model, leaves `[N, ...]`.
 
-    E epochs of the run's local SGD (batch size, learning rate at the final
+    `finetune_epochs` epochs of the run's local SGD (batch size, learning rate at the final
     round) from the final global model on each client's training examples,
     with key `fold_in(fold_in(run_key, FINETUNE_STREAM), k)`, with EWC's
     Fisher-weighted penalty under `--finetune-ewc`, the symmetrized KL

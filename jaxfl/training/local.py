@@ -1,9 +1,9 @@
 """Local training of one client, as a `lax.scan` over its minibatch steps.
 
-A client holds n_i examples (a slice of the packed population). It runs E
-epochs of minibatch SGD of batch size B, each epoch over a fresh random
+A client holds n_i examples (a slice of the packed population). It runs
+`num_epochs` epochs of minibatch SGD of batch size B, each epoch over a fresh random
 permutation of its examples, the last batch of an epoch keeping the
-remainder: ceil(n_i / B) * E real steps, optionally capped by
+remainder: ceil(n_i / B) * num_epochs real steps, optionally capped by
 `max_steps`. The scan has a static length S (the largest client's number of
 steps); the steps past a client's own count are padding and leave its
 parameters untouched (a `lax.cond`, which also skips their cost when clients
@@ -174,7 +174,7 @@ class LocalTraining:
 
     Attributes:
       batch_size: B, examples per minibatch.
-      num_epochs: E, passes over the client's data.
+      num_epochs: passes over the client's data.
       max_steps: optional cap on a client's number of steps.
       loop: 'scan' runs a `lax.scan` of the static length S, padding steps
         skipped by a `lax.cond`; 'while' runs a loop whose trip count is the
@@ -257,7 +257,7 @@ _MODEL_STREAM = 0x7FFFFFFF
 
 
 def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
-    """`[E, max_count]`: row e starts with a random permutation of [0, count).
+    """`[num_epochs, max_count]`: row e starts with a random permutation of [0, count).
 
     The order in which a client visits its examples in each epoch.
 
