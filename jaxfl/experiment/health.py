@@ -2,10 +2,17 @@
 
 `monitored(round_fn)` carries a `RunHealth` beside the server state: after
 every round it checks, on the device, that the new parameters are finite
-and below `EXPLODED_MAGNITUDE` in magnitude and that the round's training
-loss is finite, and records the first round where one is not (and which),
-and it counts the rounds in which no client got weight (every client a
-straggler, a threshold that filtered everyone: the model did not move).
+and below `EXPLODED_MAGNITUDE` in magnitude, that the round's training
+loss is finite and that so are the per-client rows the state keeps
+(personal models, control variates; the cohort's when they live in host
+memory), and records the first round where one is not (and which), and it
+counts the rounds in which no client got weight (every client a straggler,
+a threshold that filtered everyone: the model did not move).
+
+A differentially private algorithm's run checks only what it releases, the
+parameters (`released_only`): its training loss and round metrics are
+functions of the clients' data outside the privacy accounting, so they must
+not decide a visible stop.
 The host reads these three integers only when it stops anyway (at an
 evaluation or a checkpoint), so the check costs no round trip per round.
 
@@ -34,6 +41,8 @@ QUANTITIES = {
     1: "the model parameters are not finite (NaN or inf)",
     2: f"the model parameters exceed {EXPLODED_MAGNITUDE:.0e} in magnitude",
     3: "the training loss is not finite (NaN or inf)",
+    4: f"the per-client state (personal models, control variates) is not finite or exceeds "
+    f"{EXPLODED_MAGNITUDE:.0e} in magnitude",
 }
 
 
@@ -57,15 +66,40 @@ def initial_health() -> RunHealth:
     )
 
 
-def check_round(health: RunHealth, round_number: jax.Array, params: Any, metrics: dict) -> RunHealth:
-    """`health` updated with one round's outcome (round_number is 1-based)."""
-    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(params)]
+def _finite_and_bounded(tree: Any) -> tuple[jax.Array, jax.Array]:
+    """(all finite, largest magnitude) over the floating-point leaves of `tree`."""
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+    leaves = [leaf for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    if not leaves:
+        return jnp.asarray(True), jnp.asarray(0.0, jnp.float32)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
-    largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0) for leaf in leaves]))
-    loss = metrics.get("train_loss")
+    largest = jnp.max(jnp.stack([jnp.max(jnp.abs(leaf), initial=0.0).astype(jnp.float32) for leaf in leaves]))
+    return finite, largest
+
+
+def check_round(
+    health: RunHealth,
+    round_number: jax.Array,
+    params: Any,
+    metrics: dict,
+    clients: Any = (),
+    *,
+    released_only: bool = False,
+) -> RunHealth:
+    """`health` updated with one round's outcome (round_number is 1-based).
+
+    `clients` are the state's per-client rows; with `released_only` (a DP
+    algorithm) only `params` are checked.
+    """
+    finite, largest = _finite_and_bounded(params)
+    loss = None if released_only else metrics.get("train_loss")
     loss_finite = jnp.isfinite(loss) if loss is not None else jnp.asarray(True)
+    rows_finite, rows_largest = _finite_and_bounded(() if released_only else clients)
+    rows_ok = rows_finite & (rows_largest <= EXPLODED_MAGNITUDE)
     quantity = jnp.where(
-        ~finite, 1, jnp.where(largest > EXPLODED_MAGNITUDE, 2, jnp.where(~loss_finite, 3, 0))
+        ~finite,
+        1,
+        jnp.where(largest > EXPLODED_MAGNITUDE, 2, jnp.where(~loss_finite, 3, jnp.where(~rows_ok, 4, 0))),
     ).astype(jnp.int32)
     first = (health.diverged_round < 0) & (quantity > 0)
     weighted = metrics.get("clients_with_weight")
@@ -77,17 +111,21 @@ def check_round(health: RunHealth, round_number: jax.Array, params: Any, metrics
     )
 
 
-def monitored(round_fn: Callable) -> Callable:
+def monitored(round_fn: Callable, *, released_only: bool = False) -> Callable:
     """`round_fn` over a carry `(state, RunHealth)` instead of the state.
 
     `(carry, population, key) -> (carry, metrics)`, jittable and vmappable
-    like `round_fn`; the state and metrics are unchanged.
+    like `round_fn`; the state and metrics are unchanged. `released_only`:
+    check only the parameters (a DP algorithm's; see the module docstring).
     """
 
     def round_with_health(carry, population, key):
         state, health = carry
         new_state, metrics = round_fn(state, population, key)
-        return (new_state, check_round(health, new_state.round, new_state.params, metrics)), metrics
+        health = check_round(
+            health, new_state.round, new_state.params, metrics, new_state.clients, released_only=released_only
+        )
+        return (new_state, health), metrics
 
     return round_with_health
 
@@ -104,3 +142,20 @@ def divergence(health: dict[str, np.ndarray], index: int | None = None) -> dict[
         return None
     code = health["quantity"] if index is None else health["quantity"][index]
     return {"round": int(diverged_round), "quantity": QUANTITIES[int(code)]}
+
+
+# What failed when the personal models made after training (fine-tuning, Per-FedAvg's
+# adaptation) are not finite.
+AFTER_TRAINING = "the personal models made after training are not finite (NaN or inf)"
+
+
+def finite_points(models: Any, num_points: int | None = None) -> np.ndarray:
+    """Whether `models` (leaves `[N, ...]`, or `[G, N, ...]` for `num_points` G) are finite, per point."""
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(models)]
+    leaves = [leaf for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating)]
+    if num_points is None:
+        return np.asarray([all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves)])
+    finite = np.ones(num_points, bool)
+    for leaf in leaves:
+        finite &= np.asarray(jnp.all(jnp.isfinite(leaf).reshape(num_points, -1), axis=1))
+    return finite

@@ -26,7 +26,7 @@ from jaxfl.experiment.checkpoints import RunCheckpoints
 
 # The run's pieces, by concern; their names are also imported from here.
 from jaxfl.experiment.evaluator import make_evaluator, personal_evaluation_group  # noqa: F401
-from jaxfl.experiment.health import host_health, initial_health, monitored
+from jaxfl.experiment.health import AFTER_TRAINING, finite_points, host_health, initial_health, monitored
 
 # The settings of a built algorithm; also imported from here.
 from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
@@ -242,7 +242,9 @@ def run_algorithm(
     num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
     train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
     round_fn = compile_rounds(
-        monitored(algorithm.round), num_rounds_per_call, cohort_per_round=isinstance(train, CohortStream)
+        monitored(algorithm.round, released_only=algorithm_spec(name).privacy_budget is not None),
+        num_rounds_per_call,
+        cohort_per_round=isinstance(train, CohortStream),
     )
     evaluate = make_evaluator(
         engine.task,
@@ -292,6 +294,8 @@ def run_algorithm(
         state, health = carry[0], host_health(carry[1])
         started = time.perf_counter()
         personal = after_training_models(run_setup, algorithm, state, run_key)
+        if personal is not None and not finite_points(personal)[0]:
+            raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
         if personal is not None:
             summaries, clients = evaluate(state.params, personal)
             latest.update(summaries=summaries, clients=clients)

@@ -32,10 +32,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS
+from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS, algorithm_spec
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import ConfigError
-from jaxfl.experiment.health import divergence, host_health, initial_health, monitored
+from jaxfl.experiment.health import (
+    AFTER_TRAINING,
+    divergence,
+    finite_points,
+    host_health,
+    initial_health,
+    monitored,
+)
 from jaxfl.experiment.runner import (
     Checkpointing,
     RunResult,
@@ -113,12 +120,16 @@ _BATCHED_EVALUATORS: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 @functools.lru_cache(maxsize=16)  # The jitted round keeps round_fn alive: bounded.
-def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point: bool = False) -> Callable:
+def batched_round(
+    round_fn: Callable, rounds_per_call: int = 1, cohort_per_point: bool = False, released_only: bool = False
+) -> Callable:
     """`vmap(monitored(round_fn))` over (state, health) carries and keys, compiled
     as `rounds_per_call` rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
     object per (round_fn, rounds_per_call, cohort_per_point). With
     `cohort_per_point` (a host-resident population) the population argument
     holds each point's gathered cohort, batched like the states.
+    `released_only`: the health checks only the parameters (a DP
+    algorithm's; `jaxfl.experiment.health`).
 
     Every point keeps its own batched key and round counter, even when the
     points share a seed: unbatching them (so that all points read the same
@@ -128,7 +139,7 @@ def batched_round(round_fn: Callable, rounds_per_call: int = 1, cohort_per_point
     """
     population_axis = 0 if cohort_per_point else None
     return compile_rounds(
-        jax.vmap(monitored(round_fn), in_axes=(0, population_axis, 0)),
+        jax.vmap(monitored(round_fn, released_only=released_only), in_axes=(0, population_axis, 0)),
         rounds_per_call,
         cohort_per_round=cohort_per_point,
     )
@@ -230,7 +241,10 @@ def run_sweep(
         rounds_per_call(engine.strategy, config.rounds, config.eval_every), start_round
     )
     train = training_input(run_setup, keys, num_rounds_per_call, first_round=start_round)
-    round_fn = batched_round(algorithm.round, num_rounds_per_call, isinstance(train, CohortStream))
+    round_fn = batched_round(
+        algorithm.round, num_rounds_per_call, isinstance(train, CohortStream),
+        released_only=algorithm_spec(name).privacy_budget is not None,
+    )
     evaluate = batched_evaluator(run_setup)
     if progress is not None and start_round:
         progress.update(start_round)
@@ -285,7 +299,9 @@ def run_sweep(
     health = host_health(health)
     # Made after training as in a single run (Per-FedAvg's adaptation, or --finetune-epochs).
     personal = after_training_models(run_setup, algorithm, states, keys, batched=True)
+    finite_after_training = np.ones(len(points), bool)
     if personal is not None:
+        finite_after_training = finite_points(personal, len(points))
         evaluate_points(states.params, personal)
     timing_record = timing_fields(timing, num_rounds_per_call, start_round)
     # Throughput of the whole sweep, in rounds of all points per second.
@@ -294,7 +310,9 @@ def run_sweep(
     for g, point in enumerate(points):
         state = jax.tree.map(lambda x, g=g: x[g], states)
         summary = run_summary(
-            run_setup, name, summaries[g], int(health["rounds_without_weight"][g]), divergence(health, g),
+            run_setup, name, summaries[g], int(health["rounds_without_weight"][g]),
+            divergence(health, g)
+            or (None if finite_after_training[g] else {"round": config.rounds, "quantity": AFTER_TRAINING}),
             state.hparams,
         )
         summary.update(hparams=dict(point.hparams), seed=point.seed, sweep_points=len(points))

@@ -1,6 +1,7 @@
 """Divergence never looks like success: the in-round health flags, the diverged run's exit and files,
 NaN-free JSON, and summaries within their ranges."""
 
+import functools
 import json
 import math
 
@@ -25,44 +26,53 @@ TINY = [
 ]
 
 
-def _reference(rounds):
-    """A loop over rounds: (params, train_loss, clients_with_weight) -> the expected health."""
+def _reference(rounds, released_only=False):
+    """A loop over rounds: (params, train_loss, clients_with_weight, client rows) -> the expected health."""
     diverged_round, quantity, empty = -1, 0, 0
-    for number, (params, loss, weighted) in enumerate(rounds, start=1):
+    for number, (params, loss, weighted, rows) in enumerate(rounds, start=1):
         leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
+        row_leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(rows)]
         code = 0
         if not all(np.isfinite(x).all() for x in leaves):
             code = 1
         elif max(np.abs(x).max() for x in leaves) > health.EXPLODED_MAGNITUDE:
             code = 2
-        elif not np.isfinite(loss):
+        elif not released_only and not np.isfinite(loss):
             code = 3
+        elif not released_only and any(
+            not np.isfinite(x).all() or np.abs(x).max() > health.EXPLODED_MAGNITUDE for x in row_leaves
+        ):
+            code = 4
         if code and diverged_round < 0:
             diverged_round, quantity = number, code
         empty += weighted == 0
     return diverged_round, quantity, empty
 
 
+ROWS = {"v": np.ones((4, 3))}
 ROUNDS = [
-    ({"w": np.ones(3), "b": np.zeros(1)}, 0.5, 3),
-    ({"w": np.ones(3), "b": np.zeros(1)}, 0.4, 0),
-    ({"w": np.array([1.0, 2e18, 0.0]), "b": np.zeros(1)}, 0.4, 2),
-    ({"w": np.array([np.nan, 1.0, 0.0]), "b": np.zeros(1)}, np.inf, 0),
-    ({"w": np.ones(3), "b": np.zeros(1)}, np.nan, 1),
+    ({"w": np.ones(3), "b": np.zeros(1)}, 0.5, 3, ROWS),
+    ({"w": np.ones(3), "b": np.zeros(1)}, 0.4, 0, {"v": np.array([[1.0, 2e19, 0.0]] * 4)}),
+    ({"w": np.array([1.0, 2e18, 0.0]), "b": np.zeros(1)}, 0.4, 2, ROWS),
+    ({"w": np.ones(3), "b": np.zeros(1)}, 0.3, 1, {"v": np.array([[1.0, np.nan, 0.0]] * 4)}),
+    ({"w": np.array([np.nan, 1.0, 0.0]), "b": np.zeros(1)}, np.inf, 0, ROWS),
+    ({"w": np.ones(3), "b": np.zeros(1)}, np.nan, 1, ROWS),
 ]
 
 
+@pytest.mark.parametrize("released_only", [False, True])
 @pytest.mark.parametrize("start", range(len(ROUNDS)))
-def test_check_round_against_a_loop(start):
+def test_check_round_against_a_loop(start, released_only):
     rounds = ROUNDS[start:]
-    step = jax.jit(check_round)
+    step = jax.jit(functools.partial(check_round, released_only=released_only))
     state = initial_health()
-    for number, (params, loss, weighted) in enumerate(rounds, start=1):
+    for number, (params, loss, weighted, rows) in enumerate(rounds, start=1):
         metrics = {"train_loss": jnp.float32(loss), "clients_with_weight": jnp.int32(weighted)}
-        state = step(state, jnp.int32(number), jax.tree.map(jnp.float32, params), metrics)
+        as_f32 = functools.partial(jax.tree.map, jnp.float32)
+        state = step(state, jnp.int32(number), as_f32(params), metrics, as_f32(rows))
     got = host_health(state)
     got = (int(got["diverged_round"]), int(got["quantity"]), int(got["rounds_without_weight"]))
-    assert got == _reference(rounds)
+    assert got == _reference(rounds, released_only)
 
 
 def test_check_round_under_vmap_keeps_each_point_apart():
@@ -93,6 +103,22 @@ def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, capsys):
     assert json.loads((out / MARKER).read_text())["status"] == "diverged"
 
 
+@pytest.mark.parametrize(
+    "flags, quantity",
+    [
+        (["--algorithm", "ditto", "--lam", "3e38"], "the per-client state (personal models"),
+        (["--finetune-epochs", "1", "--finetune-ewc", "3e38"], "personal models made after training"),
+    ],
+)
+def test_personal_models_that_diverge_stop_the_run(flags, quantity, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["run", *TINY, "--rounds", "2", "--client-split", "0.25", *flags, "--out", str(out)]
+    assert main(argv) == EXIT_DIVERGED
+    assert quantity in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=_no_constants)
+    assert summary["status"] == "diverged" and quantity in summary["diverged"]["quantity"]
+
+
 def test_a_comparison_lists_a_diverged_algorithm_without_numbers(tmp_path):
     # A diverged algorithm's summary has no evaluation (it diverged before its first one) or one of
     # parameters from before the divergence; neither is a result to compare.
@@ -120,9 +146,9 @@ def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, capsys, monkeypat
     # round 6, after the checkpoint of round 4.
     real = health.check_round
 
-    def breaks_at_5(state, number, params, metrics):
+    def breaks_at_5(state, number, params, metrics, *args, **kwargs):
         params = jax.tree.map(lambda p: jnp.where(number >= 5, jnp.nan, p), params)
-        return real(state, number, params, metrics)
+        return real(state, number, params, metrics, *args, **kwargs)
 
     monkeypatch.setattr(health, "check_round", breaks_at_5)
     out = tmp_path / "blown"
