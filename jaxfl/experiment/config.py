@@ -60,7 +60,7 @@ class ConfigError(ValueError):
 
 
 def _field(default, help, *, low=None, high=None, low_open=False, high_open=False,
-           choices=None, optional=False, flag=True):
+           choices=None, optional=False, flag=True, items=None):
     if isinstance(default, dict):
         default_kwargs = dict(default_factory=lambda: dict(default))
     else:
@@ -69,9 +69,26 @@ def _field(default, help, *, low=None, high=None, low_open=False, high_open=Fals
         **default_kwargs,
         metadata=dict(
             help=help, low=low, high=high, low_open=low_open, high_open=high_open,
-            choices=choices, optional=optional, flag=flag,
+            choices=choices, optional=optional, flag=flag, items=items,
         ),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """The elements of a list-valued setting (a comma-separated string of numbers).
+
+    Each is checked as setting `twin` is (or against `low`/`high`); none
+    twice; at most `max_count` (every sampled client tries each one in every
+    round, so the round's cost grows with their number); '' (none) is allowed
+    only where `empty` says what it means.
+    """
+
+    twin: str | None = None
+    low: float | None = None
+    high: float | None = None
+    max_count: int = 32
+    empty: str | None = None
 
 
 def _option(name, help, **kwargs):
@@ -243,6 +260,7 @@ class RunConfig:
         "dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every personal step,"
         " each client keeping the one of least loss on its own validation examples (needs "
         "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
+        items=Items(twin="lam", empty="off"),
     )
     apfl_alpha: float = _field(
         0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
@@ -256,6 +274,7 @@ class RunConfig:
     mapper_candidates: str = _option(
         "mapper_candidates", "the mixing weights lam in [0, 1] each sampled client tries every round, "
         "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
+        items=Items(low=0.0, high=1.0),
     )
     perfedavg_alpha: float = _field(
         0.01, "perfedavg, qmaml: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML "
@@ -565,6 +584,8 @@ def check_value(name: str, value: Any) -> Any:
         value = _float32_number(name, value, meta)
     elif kind == "str" and not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {_shown(value)}")
+    if meta["items"] is not None:
+        _check_items(name, value, meta["items"])
     if meta["choices"] is not None and value not in meta["choices"]:
         raise ConfigError(
             f"{name} must be one of {', '.join(meta['choices'])}, got {_shown(value)}"
@@ -589,6 +610,40 @@ def check_value(name: str, value: Any) -> Any:
             f"dp_bins must be a power of two{_ranged(meta)}, got {value!r}"
         )
     return value
+
+
+def _check_items(name: str, text: str, items: Items) -> None:
+    """A list-valued setting's elements, each checked as its scalar twin (`Items`)."""
+    if text == "" and items.empty is not None:
+        return
+    what = "comma-separated numbers" + (f" ('' : {items.empty})" if items.empty is not None else "")
+    parts = text.split(",")
+    if len(parts) > items.max_count:
+        raise ConfigError(
+            f"{name} takes at most {items.max_count} values (every sampled client tries each one in every "
+            f"round), got {len(parts)}"
+        )
+    seen = set()
+    for part in parts:
+        try:
+            number = float(part)
+        except ValueError:
+            raise ConfigError(
+                f"{name} must be {what}, got {_shown(part.strip())} in {_shown(text)}"
+            ) from None
+        if items.twin is not None:
+            try:
+                check_value(items.twin, number)
+            except ConfigError as error:
+                flag = "--" + items.twin.replace("_", "-")
+                raise ConfigError(f"{name}: {error} (each value is checked as {flag} is)") from None
+        elif not (math.isfinite(number) and items.low <= number <= items.high):
+            raise ConfigError(
+                f"{name} values must be in [{items.low:g}, {items.high:g}], got {_shown(part.strip())}"
+            )
+        if number in seen:
+            raise ConfigError(f"{name}: {number:g} is given twice in {_shown(text)}")
+        seen.add(number)
 
 
 def _collection(name: str, value: Any) -> Any:

@@ -200,6 +200,16 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
         (["--afl-lambda-lr", "0"], ["afl_lambda_lr", "> 0"]),
         (["--dp-bits", "40"], ["dp_bits", "[2, 32]"]),
         (["--qffl-variant", "sgd"], ["qffl_variant", "fedavg"]),
+        # List-valued settings: every element as its scalar twin, no empty or repeated one, a bounded count.
+        (["--ditto-dynamic-lam", " "], ["ditto_dynamic_lam", "comma-separated numbers"]),
+        (["--ditto-dynamic-lam", "0.1,,1"], ["ditto_dynamic_lam", "comma-separated numbers"]),
+        (["--ditto-dynamic-lam", "1e39,1"], ["ditto_dynamic_lam", "float32", "--lam"]),
+        (["--ditto-dynamic-lam=-1,1"], ["ditto_dynamic_lam", ">= 0", "--lam"]),
+        (["--ditto-dynamic-lam", "nan"], ["ditto_dynamic_lam", "--lam"]),
+        (["--ditto-dynamic-lam", "1,1.0"], ["ditto_dynamic_lam", "twice"]),
+        (["--mapper-candidates", ""], ["mapper_candidates", "comma-separated numbers"]),
+        (["--mapper-candidates", "0.5,1.5"], ["mapper_candidates", "[0, 1]"]),
+        (["--mapper-candidates", ",".join(map(str, range(1000)))], ["mapper_candidates", "at most 32"]),
     ],
 )
 def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, capsys):
