@@ -76,6 +76,10 @@ def check_out_path(path: str | os.PathLike) -> Path:
         raise ConfigError(f"out {text!r} lies under {str(ancestor)!r}, which is a file")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ConfigError(f"out {text!r}: cannot create folders in {str(ancestor)!r} (permission denied)")
+    if out.is_symlink():
+        raise ConfigError(
+            f"out {text!r} is a symbolic link; give the folder itself (jaxfl never writes through a link)"
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out {text!r} exists and is not a directory")
     return out
@@ -179,6 +183,11 @@ class OutputDirectory:
     def _check_staging_free(self) -> None:
         if not os.path.lexists(self.staging):
             return
+        if self.staging.is_symlink():
+            raise ConfigError(
+                f"{str(self.staging)!r} is a symbolic link (jaxfl never writes or deletes through one); "
+                f"move it away to use --out {str(self.path)!r}"
+            )
         marker = read_marker(self.staging) if self.staging.is_dir() else None
         if marker is None:
             raise ConfigError(
@@ -241,8 +250,13 @@ class OutputDirectory:
         """
         self._check_staging_free()
         parent = self.staging.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        fresh = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.starting-", dir=parent))
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            fresh = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.starting-", dir=parent))
+        except OSError as error:
+            raise ConfigError(
+                f"out {str(self.path)!r}: cannot create a folder in {str(parent)!r} ({error.strerror})"
+            ) from None
         fresh.chmod(0o777 & ~_umask())  # mkdtemp makes it private; a run's folder is not.
         self._marker = {
             "created_by": "jaxfl",

@@ -118,10 +118,15 @@ def test_resuming_a_finished_or_missing_run_is_refused(tmp_path):
         (lambda tmp: str(tmp / "file.txt"), "not a directory"),
         (lambda tmp: str(tmp / ("x" * 250)), "bytes"),
         (lambda tmp: str(tmp / "run.partial"), ".partial"),
+        (lambda tmp: str(tmp / "dangling"), "symbolic link"),
+        (lambda tmp: str(tmp / "linked"), "symbolic link"),
     ],
 )
 def test_out_paths_that_cannot_be_a_run_folder(make_path, words, tmp_path):
     (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "folder")
     with pytest.raises(ConfigError, match=words):
         check_out_path(make_path(tmp_path))
 
@@ -136,3 +141,33 @@ def test_out_refusals_from_the_cli_write_nothing(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("jaxfl: error: out") and err.count("\n") == 1
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_staging_link_is_never_followed_even_with_overwrite(tmp_path):
+    # A user's folder behind X.partial, even one holding a jaxfl marker, is not written or deleted.
+    users = tmp_path / "users"
+    _finished(users)
+    (tmp_path / "run.partial").symlink_to(users)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        OutputDirectory(tmp_path / "run", overwrite=True)
+    assert sorted(os.listdir(users)) == sorted([MARKER, "summary.json"])
+
+
+def test_a_folder_that_cannot_be_created_is_one_line(tmp_path, monkeypatch):
+    import tempfile
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    with pytest.raises(ConfigError, match=r"cannot create a folder in .* \(Operation not permitted\)"):
+        OutputDirectory(tmp_path / "run").open(rounds=1)
+
+
+def test_a_data_dir_too_long_for_the_file_system_is_one_line():
+    from jaxfl.data.datasets.common import check_data_dir
+    from jaxfl.data.errors import MissingDataError
+
+    with pytest.raises(MissingDataError, match=r"--data-dir a{80}\.\.\.\(5000 characters\) cannot be read"):
+        check_data_dir("a" * 5000, "mnist")
+

@@ -37,10 +37,17 @@ def check_data_dir(data_dir: str | os.PathLike | None, dataset: str) -> Path | N
     if data_dir is None:
         return None
     path = Path(data_dir).expanduser()
-    if not path.exists():
-        raise MissingDataError(f"dataset {dataset!r}: --data-dir {path} does not exist")
-    if not path.is_dir():
-        raise MissingDataError(f"dataset {dataset!r}: --data-dir {path} is not a directory")
+    shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:80]}...({len(str(path))} characters)"
+    try:
+        exists, is_dir = path.exists(), path.is_dir()
+    except OSError as error:  # E.g. a name longer than the file system allows.
+        raise MissingDataError(
+            f"dataset {dataset!r}: --data-dir {shown} cannot be read ({error.strerror})"
+        ) from None
+    if not exists:
+        raise MissingDataError(f"dataset {dataset!r}: --data-dir {shown} does not exist")
+    if not is_dir:
+        raise MissingDataError(f"dataset {dataset!r}: --data-dir {shown} is not a directory")
     return path
 
 
