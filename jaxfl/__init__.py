@@ -80,6 +80,11 @@ _PUBLIC = {
     "superquantile_weights": "jaxfl.primitives",
     "smoothed_superquantile": "jaxfl.primitives",
     "tilted_risk": "jaxfl.primitives",
+    "hierarchical_tilted_risk": "jaxfl.primitives",
+    "evar": "jaxfl.primitives",
+    "tivar": "jaxfl.primitives",
+    "value_at_risk": "jaxfl.primitives",
+    "inverse_superquantile": "jaxfl.primitives",
     "dp_quantile": "jaxfl.primitives",
     # Runs.
     "RunConfig": "jaxfl.experiment.config",
