@@ -143,17 +143,17 @@ def test_inverse_superquantile_and_var_against_numpy():
 def test_gradients_are_the_tilted_weights_at_the_optimal_tilt():
     a = jnp.asarray(np.random.default_rng(4).exponential(size=12), jnp.float32)
     floor = float(jnp.min(a)) - 0.5  # TiVaR's floor, held fixed as the finite differences need.
-    for f in (jax.jit(evar), jax.jit(lambda x, theta: tivar(x, theta, floor=floor))):
+    tivar_floored = jax.jit(lambda x, theta: tivar(x, theta, floor=floor))
+    eps, top = 1e-2, int(jnp.argmax(a))
+    bump = jnp.zeros_like(a).at[top].set(eps)
+    for f in (EVAR, tivar_floored):
         grad = jax.grad(f)(a, 0.2)
         assert bool(jnp.all(grad >= -1e-6))
-        eps = 1e-2
-        for i in (0, int(jnp.argmax(a))):
-            bump = jnp.zeros_like(a).at[i].set(eps)
-            numeric = (f(a + bump, 0.2) - f(a - bump, 0.2)) / (2 * eps)
-            assert float(grad[i]) == pytest.approx(float(numeric), abs=5e-3)
-    assert float(jnp.sum(jax.grad(evar)(a, 0.2))) == pytest.approx(1.0, abs=1e-4)  # Translation equivariance.
-    # EVaR's are softmax(t* a): the tilted weights at some tilt, ordered as the losses.
-    grad = jax.grad(lambda x: evar(x, 0.2))(a)
+        numeric = (f(a + bump, 0.2) - f(a - bump, 0.2)) / (2 * eps)
+        assert float(grad[top]) == pytest.approx(float(numeric), abs=5e-3)
+    # EVaR's are softmax(t* a): they sum to 1 (translation equivariance) and are ordered as the losses.
+    grad = jax.grad(EVAR)(a, 0.2)
+    assert float(jnp.sum(grad)) == pytest.approx(1.0, abs=1e-4)
     order = jnp.argsort(a)
     assert bool(jnp.all(jnp.diff(grad[order]) >= -1e-6))
 
@@ -217,27 +217,30 @@ def test_hierarchical_tilted_risk_equals_a_loop_over_groups(t, tau):
 
 
 def test_hierarchical_special_cases():
+    # Shapes as the loop test's (30 losses, 6 groups): the compiled functions are reused.
     rng = np.random.default_rng(6)
-    a = rng.normal(size=24).astype(np.float32)
-    groups = np.repeat(np.arange(4), 6).astype(np.int32)
+    a = rng.normal(size=30).astype(np.float32)
+    groups = np.repeat(np.arange(6), 5).astype(np.int32)
+    ones = np.ones(30, np.float32)
     # tau = t: the sample-level tilted risk (Li 2023, Lemma 32).
-    assert float(H(a, groups, 4, 1.7, 1.7)) == pytest.approx(float(tilted_risk(a, 1.7)), rel=1e-5)
-    np.testing.assert_allclose(HW(a, groups, 4, 1.7, 1.7), tilted_risk_weights(a, 1.7), atol=1e-6)
-    means = a.reshape(4, 6).mean(axis=1)
+    assert float(H(a, groups, 6, 1.7, 1.7, ones)) == pytest.approx(float(tilted_risk(a, 1.7)), rel=1e-5)
+    np.testing.assert_allclose(HW(a, groups, 6, 1.7, 1.7, ones), tilted_risk_weights(a, 1.7), atol=1e-6)
+    means = a.reshape(6, 5).mean(axis=1)
     # Large t: the worst group's risk; large negative t: the best's (tau = 0: their means).
-    assert float(H(a, groups, 4, 1e4, 0.0)) == pytest.approx(means.max(), abs=1e-3)
-    assert float(H(a, groups, 4, -1e4, 0.0)) == pytest.approx(means.min(), abs=1e-3)
-    # Ids outside [0, G) belong to no group; NaN of positive weight is NaN; vmap over t.
+    assert float(H(a, groups, 6, 1e4, 0.0, ones)) == pytest.approx(means.max(), abs=1e-3)
+    assert float(H(a, groups, 6, -1e4, 0.0, ones)) == pytest.approx(means.min(), abs=1e-3)
+    # Ids outside [0, G) belong to no group (as zero weights); NaN of positive weight is NaN.
     outside = groups.copy()
-    outside[:6] = 7
+    outside[:5] = 7
     with_nan = a.copy()
     with_nan[0] = np.nan
-    assert float(hierarchical_tilted_risk(with_nan, outside, 4, 1.0, 0.5)) == pytest.approx(
-        float(hierarchical_tilted_risk(a[6:], groups[6:], 4, 1.0, 0.5)), rel=1e-6
+    without_first = np.where(np.arange(30) < 5, 0.0, 1.0).astype(np.float32)
+    assert float(H(with_nan, outside, 6, 1.0, 0.5, ones)) == pytest.approx(
+        float(H(a, groups, 6, 1.0, 0.5, without_first)), rel=1e-6
     )
-    assert math.isnan(float(hierarchical_tilted_risk(with_nan, groups, 4, 1.0, 0.5)))
-    ts = jnp.asarray([-1.0, 0.0, 2.0])
-    batched = jax.vmap(lambda t: hierarchical_tilted_risk(a, groups, 4, t, 0.5))(ts)
-    np.testing.assert_allclose(batched, [float(H(a, groups, 4, t, 0.5)) for t in ts], rtol=1e-6)
+    assert math.isnan(float(H(with_nan, groups, 6, 1.0, 0.5, ones)))
+    ts = jnp.asarray([-1.0, 0.0, 2.0])  # vmap over the tilt: each point as alone.
+    batched = jax.vmap(lambda t: hierarchical_tilted_risk(a, groups, 6, t, 0.5, ones))(ts)
+    np.testing.assert_allclose(batched, [float(H(a, groups, 6, t, 0.5, ones)) for t in ts], rtol=1e-6)
     with pytest.raises(ValueError, match="groups"):
-        hierarchical_tilted_risk(a, groups[:5], 4, 1.0, 1.0)
+        hierarchical_tilted_risk(a, groups[:5], 6, 1.0, 1.0)
