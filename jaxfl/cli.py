@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -253,7 +254,24 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
         options = dict(values.get("dataset_options") or {})
         options.update(dict(args.dataset_option))
         values["dataset_options"] = options
-    return make_config(values, on_warning=defer_warning)
+    return make_config(with_secret_seed(values), on_warning=defer_warning)
+
+
+def with_secret_seed(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with a seed drawn from the OS when a DP algorithm runs and no seed was given.
+
+    The observer's epsilon of the DP algorithms assumes the cohort sampling is
+    secret; with the default seed (0, public) it is not. A drawn seed is
+    recorded (config.json has it, with `seed_drawn`), so the run stays
+    reproducible by whoever holds its files.
+    """
+    from jaxfl.algorithms.registry import PRIVATE_ALGORITHMS
+
+    algorithm = values.get("algorithm", RunConfig.algorithm)
+    names = [name.strip() for name in algorithm.split(",")] if isinstance(algorithm, str) else []
+    if "seed" in values or not set(names) & set(PRIVATE_ALGORITHMS):
+        return values
+    return {**values, "seed": secrets.randbelow(2**31 - 1), "seed_drawn": True}
 
 
 def _list() -> None:

@@ -466,7 +466,15 @@ class RunConfig:
         choices=("auto", "scan", "while", "fused"),
     )
     eval_every: int = _field(200, "evaluate every this many rounds", low=1)
-    seed: int = _field(0, "random seed", low=0, high=2**31 - 1)
+    seed: int = _field(
+        0, "random seed (unset with a DP algorithm on the command line: drawn from the OS, so that the "
+        "cohort sampling the observer's epsilon assumes secret is; it is written to config.json)",
+        low=0, high=2**31 - 1,
+    )
+    seed_drawn: bool = _field(
+        False, "whether the seed was drawn from the OS (set by jaxfl, not a flag): the privacy line says the "
+        "sampling is secret only then", flag=False,
+    )
     out: str | None = _field(None, "output directory", optional=True)
     overwrite: bool = _field(False, "replace an existing output directory")
     checkpoint_every: int | None = _field(

@@ -103,15 +103,36 @@ def truncate_metrics(path: Path, last_round: int | None) -> None:
     path.write_text("".join(kept))
 
 
-def format_privacy(name: str, privacy: dict) -> str:
+def sampling_secrecy(config: RunConfig) -> str:
+    """What the observer's epsilon assumes of the cohort sampling, and whether this run's holds it."""
+    if config.seed_drawn:
+        return "its seed was drawn from the OS: keep config.json private"
+    return (
+        f"the seed {config.seed} was given, so whoever knows it knows the cohorts and only the server's "
+        "epsilon holds; leave --seed unset to draw a secret one"
+    )
+
+
+def composition_note(releases: int) -> str | None:
+    """The line that says several DP releases of the same clients' data compose (None for one)."""
+    if releases < 2:
+        return None
+    return (
+        f"jaxfl: note: {releases} models trained with DP on the same clients' data are released: their "
+        "epsilons compose (at most their sum, for each trust model)"
+    )
+
+
+def format_privacy(name: str, privacy: dict, config: RunConfig | None = None) -> str:
     """One line: the (epsilon, delta) a DP run spent against each trust model, and how it was counted."""
+    secrecy = "" if config is None else f"; secret sampling assumed: {sampling_secrecy(config)}"
     return (
         f"{name}: spent ({privacy['epsilon_against_observer']:.3f}, {privacy['delta']:.3g})-DP against an "
         f"observer of the released models (secret sampling, amplified) and "
         f"({privacy['epsilon_against_server']:.3f}, {privacy['delta']:.3g})-DP against the server (no "
         f"amplification), client-level, over {privacy['rounds']} rounds: noise multiplier "
         f"{privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), sampling rate "
-        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting)"
+        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting){secrecy}"
     )
 
 
@@ -295,9 +316,13 @@ def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) 
         speed = result.timing.get("rounds_per_s")
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
         print(f"{name}: {speed_text}; {timing_text(result.timing)}")
-    for name, result in results.items():
-        if "privacy" in result.summary:
-            print(format_privacy(name, result.summary["privacy"]))
-            quantile = result.summary["privacy"].get("quantile", {})
-            if quantile.get("selected_count_public"):
-                print(f"{name}: divides by {quantile['divisor']}; assumes {quantile['assumption']}")
+    private = [name for name, result in results.items() if "privacy" in result.summary]
+    for name in private:
+        privacy = results[name].summary["privacy"]
+        print(format_privacy(name, privacy, config))
+        quantile = privacy.get("quantile", {})
+        if quantile.get("selected_count_public"):
+            print(f"{name}: divides by {quantile['divisor']}; assumes {quantile['assumption']}")
+    note = composition_note(len(private))
+    if note is not None:
+        print(note)

@@ -41,7 +41,9 @@ from jaxfl.experiment.interrupts import RunInterrupted, stop_on_signals
 from jaxfl.experiment.lambda_selection import select_lambda_per_client
 from jaxfl.experiment.main import (
     CHECKPOINTS,
+    composition_note,
     read_result,
+    sampling_secrecy,
     save_model_again,
     truncate_metrics,
     warn_empty_rounds,
@@ -218,6 +220,15 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
         raise
     print(placement_line(base_setup))
     _print_rows(rows, grid, total)
+    private = [row for row in rows if any(key.startswith("privacy_") for key in row)]
+    if private:
+        print(f"jaxfl: note: secret sampling assumed by the observer's epsilons: {sampling_secrecy(config)}")
+        if "seed" in grid:
+            print("jaxfl: note: the grid's seeds are given, hence public: for those points only the server's "
+                  "epsilon holds")
+        note = composition_note(len(private))
+        if note is not None:
+            print(note)
     for point, info in diverged:
         print(
             f"jaxfl: error: point {point} diverged at round {info['round']}: {info['quantity']}",

@@ -63,6 +63,9 @@ FLAGS = [
     # test_cli_privacy.py) and report the epsilon it spends.
     "--dp-noise-multiplier",
     "1.0",
+    # A given seed (a DP run draws one from the OS otherwise): the records' runs are reproducible.
+    "--seed",
+    "0",
 ]
 
 

@@ -231,3 +231,24 @@ def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_
     exact = json.loads((out / "summary.json").read_text())["privacy"]
     assert exact["quantile"]["selected_count_public"] is True
     assert "m_t" in exact["released_update"]
+
+
+def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
+    # The observer's epsilon assumes secret cohort sampling: the default seed (0) is public.
+    from jaxfl.cli import build_parser, resolve_config
+    from jaxfl.experiment.main import format_privacy
+
+    def config(*flags):
+        return resolve_config(build_parser().parse_args(["run", *flags]))
+
+    drawn, again = config("--algorithm", "dp-fedavg"), config("--algorithm", "fedavg,dp-deltafl")
+    assert drawn.seed_drawn and again.seed_drawn and drawn.seed != again.seed  # 2^-31 to collide.
+    given, plain = config("--algorithm", "dp-fedavg", "--seed", "0"), config("--algorithm", "fedavg")
+    assert (given.seed, given.seed_drawn) == (0, False) and (plain.seed, plain.seed_drawn) == (0, False)
+    privacy = {
+        "epsilon_against_observer": 1.0, "epsilon_against_server": 3.0, "delta": 1e-5, "rounds": 2,
+        "noise_multiplier": 1.0, "trust_model": "observer", "sampling_rate": 0.1,
+    }
+    assert "drawn from the OS" in format_privacy("dp-fedavg", privacy, drawn)
+    assert "seed 0 was given" in format_privacy("dp-fedavg", privacy, given)
+    assert "only the server's epsilon holds" in format_privacy("dp-fedavg", privacy, given)
