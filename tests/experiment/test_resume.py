@@ -32,6 +32,17 @@ BASE = [
 RESULT_FILES = ("summary.json", "metrics.jsonl", "clients.csv", "config.json")
 
 
+def _assert_same_files(folder, reference):
+    """`_files` of both equal; a difference is shown as the first differing line of each differing file."""
+    got, want = _files(folder), _files(reference)
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    for name in got:
+        if got[name] != want[name]:
+            lines = zip(got[name].splitlines(), want[name].splitlines(), strict=False)
+            first = next(((i, a, b) for i, (a, b) in enumerate(lines) if a != b), None)
+            raise AssertionError(f"{name} differs at line {first[0] if first else 'end'}:\n{first}")
+
+
 def _files(folder):
     """The result files, byte for byte (config.json without its `out`, which names the folder)."""
     files = {}
@@ -95,7 +106,7 @@ def test_resume_after_sigint_at_random_rounds_is_bitwise_identical_sharded(
         assert _interrupt(monkeypatch, argv, int(stop_after)) == 130
         marker = _assert_stopped_by_sigint(out, capsys)
         assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-        assert _files(out) == _files(uninterrupted_sharded)
+        _assert_same_files(out, uninterrupted_sharded)
         _assert_same_params(_params(out), _params(uninterrupted_sharded))
         timing = json.loads((out / "timing.json").read_text())
         assert timing["resumed_from_round"] == marker["round"]
@@ -130,7 +141,7 @@ def test_resume_from_the_state_kill_9_leaves(uninterrupted_vmap, tmp_path, monke
     with (staging / "metrics.jsonl").open("a") as f:
         f.write('{"algorithm": "fedavg", "round": 8, "round_me')
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-    assert _files(out) == _files(uninterrupted_vmap)
+    _assert_same_files(out, uninterrupted_vmap)
     _assert_same_params(_params(out), _params(uninterrupted_vmap))
     assert json.loads((out / "timing.json").read_text())["resumed_from_round"] == 4
     assert not (out / "checkpoints").exists()
@@ -155,7 +166,7 @@ def test_several_algorithms_resume_the_unfinished_one_a_dp_one_with_its_privacy_
     spent = json.loads((reference / "dp-fedavg" / "summary.json").read_text())["privacy"]["epsilon"]
     assert meta["privacy_spent"]["epsilon"] < spent
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
-    assert _files(out) == _files(reference)
+    _assert_same_files(out, reference)
     for name in ("deltafl", "dp-fedavg"):
         _assert_same_params(_params(out, name), _params(reference, name))
     assert json.loads((out / "dp-fedavg" / "summary.json").read_text())["privacy"]["rounds"] == 8
@@ -179,7 +190,7 @@ def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
     assert (staging / "points" / "000" / "summary.json").exists()
     assert not (staging / "points" / "002" / "summary.json").exists()
     assert main(["sweep", "--resume", str(out), "--no-progress"]) == 0
-    assert _files(out) == _files(reference)
+    _assert_same_files(out, reference)
     assert not (out / "checkpoints").exists() and not (reference / "checkpoints").exists()
 
     # A point's config (the second point of the second group, resumed above) reruns as a single
@@ -295,5 +306,5 @@ def test_a_real_process_terminated_then_killed_then_resumed(uninterrupted_proces
     resumed = _spawn(["run", "--resume", str(out), "--no-progress"])
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    assert _files(out) == _files(uninterrupted_process)
+    _assert_same_files(out, uninterrupted_process)
     _assert_same_params(_params(out), _params(uninterrupted_process))
