@@ -114,10 +114,12 @@ class RunCheckpoints:
         """(round, tree shaped as `template`, meta) of the latest readable checkpoint, or None.
 
         A checkpoint that cannot be read (damaged on disk) is skipped for the
-        one before it; orbax's unfinished temporary folders are never seen.
+        one before it, and deleted once that one is restored: the resumed run
+        saves its own at that round; orbax's unfinished temporary folders are
+        never seen.
         """
         like = _template_leaves(template)
-        damaged = []
+        damaged, damaged_steps = [], []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
                 restored = self._manager.restore(
@@ -128,8 +130,11 @@ class RunCheckpoints:
                 )
             except (KeyError, ValueError, OSError) as error:
                 damaged.append(f"{step} ({type(error).__name__})")
+                damaged_steps.append(step)
                 continue
             leaves = {name: np.asarray(value) for name, value in restored["state"].items()}
+            for later in damaged_steps:
+                self._manager.delete(later)
             return step, unflatten_leaves(template, leaves), dict(restored["meta"])
         if damaged:
             raise ConfigError(f"no checkpoint in {self.directory} can be read: {', '.join(damaged)}")

@@ -226,7 +226,8 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
         directory.mkdir(parents=True, exist_ok=True)
         checkpoints = RunCheckpoints(directory / CHECKPOINTS, keep=config.keep_checkpoints)
         metrics_path = directory / "metrics.jsonl"
-        truncate_metrics(metrics_path, checkpoints.latest_round() if resume else None)
+        if not resume:
+            truncate_metrics(metrics_path, None)
 
         def on_evaluation(record):
             append_jsonl(metrics_path, record)
@@ -242,6 +243,8 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
             result = run_algorithm(
                 run_setup, name, on_evaluation=on_evaluation, progress=bar,
                 checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
+                # The records past the round it continues from go: that of the checkpoint it restores.
+                on_restore=None if directory is None else lambda start: truncate_metrics(metrics_path, start),
             )
     finally:
         if checkpoints is not None:

@@ -202,6 +202,7 @@ def run_algorithm(
     checkpoints: RunCheckpoints | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     resume: bool = False,
+    on_restore: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Trains one algorithm for `config.rounds` rounds.
 
@@ -217,6 +218,9 @@ def run_algorithm(
       on_checkpoint: called with the round after each checkpoint.
       resume: continue from the latest checkpoint in `checkpoints` (if any):
         the result is bit for bit that of the uninterrupted run.
+      on_restore: called with the round training continues from (0: the
+        start; the latest readable checkpoint's when resuming, which is not
+        the latest if that one is damaged), before the first round.
 
     Returns:
       The `RunResult`; a diverged run's has `summary['status'] == 'diverged'`.
@@ -230,6 +234,8 @@ def run_algorithm(
     strategy = engine.strategy
     carry, run_key = initial_carry(run_setup, name)
     start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
+    if on_restore is not None:
+        on_restore(start_round)
     history: list[dict[str, Any]] = list(meta["history"]) if meta else []
     client_state = None
     if strategy.host_client_state and jax.tree.leaves(carry[0].clients):

@@ -196,6 +196,7 @@ def run_sweep(
     checkpoints: RunCheckpoints | None = None,
     on_checkpoint: Callable[[int], None] | None = None,
     resume: bool = False,
+    on_restore: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
     """Trains every point for `config.rounds` rounds in one vmapped round.
 
@@ -210,6 +211,9 @@ def run_sweep(
         SIGINT/SIGTERM), or None.
       on_checkpoint: called with the round after each checkpoint.
       resume: continue from the latest checkpoint in `checkpoints`, if any.
+      on_restore: called with the round training continues from (0: the
+        start; the latest readable checkpoint's when resuming, which is not
+        the latest if that one is damaged), before the first round.
 
     Returns:
       One `RunResult` per point, in order. A point that diverged goes on
@@ -234,6 +238,8 @@ def run_sweep(
     )
     keys = jnp.stack([key for _, key in starts])
     start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
+    if on_restore is not None:
+        on_restore(start_round)
     histories: list[list[dict[str, Any]]] = (
         [list(h) for h in meta["histories"]] if meta else [[] for _ in points]
     )

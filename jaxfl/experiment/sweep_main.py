@@ -282,11 +282,11 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
         checkpoints = RunCheckpoints(
             staging / CHECKPOINTS / f"group-{group:03d}", keep=config.keep_checkpoints
         )
-        last = checkpoints.latest_round() if resume else None
         for directory, p in zip(directories, inner_points, strict=True):
             directory.mkdir(parents=True, exist_ok=True)
             write_json(directory / "config.json", point_config(config, name, {**static, **p}).to_dict())
-            truncate_metrics(directory / "metrics.jsonl", last)
+            if not resume:
+                truncate_metrics(directory / "metrics.jsonl", None)
 
         def on_checkpoint(round_index):
             output.update(round=round_index, group=group)
@@ -304,6 +304,9 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
             results = run_sweep(
                 run_setup, name, points, on_evaluation=on_evaluation, progress=bar,
                 checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
+                on_restore=lambda start: [
+                    truncate_metrics(d / "metrics.jsonl", start) for d in directories if d is not None
+                ],
             )
     finally:
         if checkpoints is not None:

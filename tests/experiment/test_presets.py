@@ -146,8 +146,8 @@ def _summaries(out: Path, algorithms: list[str]) -> dict[str, dict]:
 # tests/data/formats, the CNNs and ResNet-18-GN (at small width) in tests/models, stackoverflow's 'tags'
 # layout with its recall@5 error in test_cli_datasets.py.
 TRACED_ONLY = (
-    "cifar100-resnet", "shakespeare-fedavg", "stackoverflow-lr", "fmnist-dirichlet", "emnist-cr", "femnist-leaf",
-    "stackoverflow-nwp",
+    "cifar100-resnet", "shakespeare-fedavg", "stackoverflow-lr", "fmnist-dirichlet", "emnist-cr",
+    "femnist-leaf", "stackoverflow-nwp",
 )
 
 

@@ -123,10 +123,12 @@ def _assert_stopped_by_sigint(out, capsys):
     return marker
 
 
-def test_resume_from_the_state_kill_9_leaves(uninterrupted_vmap, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("latest", ["missing", "damaged"])
+def test_resume_from_the_state_kill_9_leaves(latest, uninterrupted_vmap, tmp_path, monkeypatch, capsys):
     # A SIGINT stop of the vmap layout, checked as such; then its state cut as kill -9 between
-    # checkpoints leaves it: the latest checkpoint never written, evaluation records past the
-    # last one, and a half-written line.
+    # checkpoints leaves it: the latest checkpoint never written (or damaged on disk: the one before
+    # it is restored, and the metrics recorded past that one go), evaluation records past the last
+    # one, and a half-written line.
     out = tmp_path / "killed"
     argv = ["run", *BASE, "--algorithm", "fedavg", "--strategy", "vmap", "--out", str(out)]
     assert _interrupt(monkeypatch, argv, 5) == 130
@@ -135,6 +137,8 @@ def test_resume_from_the_state_kill_9_leaves(uninterrupted_vmap, tmp_path, monke
     checkpoints = sorted(int(p.name) for p in (staging / "checkpoints").iterdir() if p.name.isdigit())
     assert checkpoints == [4, 6]  # Stopped at round 6; two kept.
     shutil.rmtree(staging / "checkpoints" / "6")
+    if latest == "damaged":
+        (staging / "checkpoints" / "6" / "state").mkdir(parents=True)
     assert [json.loads(line)["round"] for line in (staging / "metrics.jsonl").read_text().splitlines()] == [
         2, 4, 6
     ]
