@@ -206,7 +206,7 @@ RUN = dict(
     eval_every=3,
     clients_per_round=5,
     progress=False,
-    strategy="sharded:sequential",
+    strategy="vmap",
 )
 
 
