@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxfl.algorithms.registry import PRIVATE_ALGORITHMS
 from jaxfl.experiment.config import (
     FIELDS,
     ConfigError,
@@ -265,8 +266,6 @@ def with_secret_seed(values: dict[str, Any]) -> dict[str, Any]:
     recorded (config.json has it, with `seed_drawn`), so the run stays
     reproducible by whoever holds its files.
     """
-    from jaxfl.algorithms.registry import PRIVATE_ALGORITHMS
-
     algorithm = values.get("algorithm", RunConfig.algorithm)
     names = [name.strip() for name in algorithm.split(",")] if isinstance(algorithm, str) else []
     if "seed" in values or not set(names) & set(PRIVATE_ALGORITHMS):

@@ -386,11 +386,10 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
 
 def option_default(setting: str) -> Any:
     """The default of static option `setting`, the same in every entry that declares it."""
-    defaults = {repr(spec.options[setting]): spec.options[setting] for spec in SPECS.values()
-                if setting in spec.options}
-    if len(defaults) != 1:
-        raise ValueError(f"{setting} is declared by no entry, or with several defaults: {sorted(defaults)}")
-    return next(iter(defaults.values()))
+    defaults = [spec.options[setting] for spec in SPECS.values() if setting in spec.options]
+    if not defaults or any(default != defaults[0] for default in defaults):
+        raise ValueError(f"{setting} is declared by no entry, or with several defaults: {defaults}")
+    return defaults[0]
 
 
 def setting_users(setting: str) -> list[str]:

@@ -149,13 +149,14 @@ def divergence(health: dict[str, np.ndarray], index: int | None = None) -> dict[
 AFTER_TRAINING = "the personal models made after training are not finite (NaN or inf)"
 
 
-def finite_points(models: Any, num_points: int | None = None) -> np.ndarray:
-    """Whether `models` (leaves `[N, ...]`, or `[G, N, ...]` for `num_points` G) are finite, per point."""
+def finite_points(models: Any, num_points: int = 1) -> np.ndarray:
+    """Whether `models` (leaves `[num_points, ...]`; one point: any shape) are finite, one bool per point."""
     leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(models)]
-    leaves = [leaf for leaf in leaves if jnp.issubdtype(leaf.dtype, jnp.floating)]
-    if num_points is None:
-        return np.asarray([all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in leaves)])
-    finite = np.ones(num_points, bool)
-    for leaf in leaves:
-        finite &= np.asarray(jnp.all(jnp.isfinite(leaf).reshape(num_points, -1), axis=1))
-    return finite
+    per_leaf = [
+        jnp.all(jnp.isfinite(leaf).reshape(num_points, -1), axis=1)
+        for leaf in leaves
+        if jnp.issubdtype(leaf.dtype, jnp.floating)
+    ]
+    if not per_leaf:
+        return np.ones(num_points, bool)
+    return np.asarray(jnp.all(jnp.stack(per_leaf), axis=0))  # One transfer.

@@ -123,16 +123,16 @@ def composition_note(releases: int) -> str | None:
     )
 
 
-def format_privacy(name: str, privacy: dict, config: RunConfig | None = None) -> str:
+def format_privacy(name: str, privacy: dict, config: RunConfig) -> str:
     """One line: the (epsilon, delta) a DP run spent against each trust model, and how it was counted."""
-    secrecy = "" if config is None else f"; secret sampling assumed: {sampling_secrecy(config)}"
     return (
         f"{name}: spent ({privacy['epsilon_against_observer']:.3f}, {privacy['delta']:.3g})-DP against an "
         f"observer of the released models (secret sampling, amplified) and "
         f"({privacy['epsilon_against_server']:.3f}, {privacy['delta']:.3g})-DP against the server (no "
         f"amplification), client-level, over {privacy['rounds']} rounds: noise multiplier "
         f"{privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), sampling rate "
-        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting){secrecy}"
+        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting); secret sampling assumed: "
+        f"{sampling_secrecy(config)}"
     )
 
 

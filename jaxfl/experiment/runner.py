@@ -20,6 +20,7 @@ from jaxfl.algorithms.base import (
 )
 from jaxfl.algorithms.registry import (
     CLIENT_STATE_ALGORITHMS,
+    PRIVATE_ALGORITHMS,
     algorithm_spec,
 )
 from jaxfl.experiment.checkpoints import RunCheckpoints
@@ -248,7 +249,7 @@ def run_algorithm(
     num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
     train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
     round_fn = compile_rounds(
-        monitored(algorithm.round, released_only=algorithm_spec(name).privacy_budget is not None),
+        monitored(algorithm.round, released_only=name in PRIVATE_ALGORITHMS),
         num_rounds_per_call,
         cohort_per_round=isinstance(train, CohortStream),
     )
@@ -300,9 +301,9 @@ def run_algorithm(
         state, health = carry[0], host_health(carry[1])
         started = time.perf_counter()
         personal = after_training_models(run_setup, algorithm, state, run_key)
-        if personal is not None and not finite_points(personal)[0]:
-            raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
         if personal is not None:
+            if not finite_points(personal)[0]:
+                raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
             summaries, clients = evaluate(state.params, personal)
             latest.update(summaries=summaries, clients=clients)
             spent = time.perf_counter() - started

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import ServerState
-from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS, algorithm_spec
+from jaxfl.algorithms.registry import CLIENT_STATE_ALGORITHMS, PRIVATE_ALGORITHMS
 from jaxfl.experiment.checkpoints import RunCheckpoints
 from jaxfl.experiment.config import ConfigError
 from jaxfl.experiment.health import (
@@ -125,7 +125,7 @@ def batched_round(
 ) -> Callable:
     """`vmap(monitored(round_fn))` over (state, health) carries and keys, compiled
     as `rounds_per_call` rounds per call (`jaxfl.experiment.runner.compile_rounds`); the same
-    object per (round_fn, rounds_per_call, cohort_per_point). With
+    object per (round_fn, rounds_per_call, cohort_per_point, released_only). With
     `cohort_per_point` (a host-resident population) the population argument
     holds each point's gathered cohort, batched like the states.
     `released_only`: the health checks only the parameters (a DP
@@ -249,7 +249,7 @@ def run_sweep(
     train = training_input(run_setup, keys, num_rounds_per_call, first_round=start_round)
     round_fn = batched_round(
         algorithm.round, num_rounds_per_call, isinstance(train, CohortStream),
-        released_only=algorithm_spec(name).privacy_budget is not None,
+        released_only=name in PRIVATE_ALGORITHMS,
     )
     evaluate = batched_evaluator(run_setup)
     if progress is not None and start_round:

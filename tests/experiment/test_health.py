@@ -14,7 +14,14 @@ from reference import TINY_LABEL_SHIFT
 from jaxfl.cli import main
 from jaxfl.evaluation.summaries import summarize, within_range
 from jaxfl.experiment import health
-from jaxfl.experiment.health import EXIT_DIVERGED, check_round, divergence, host_health, initial_health
+from jaxfl.experiment.health import (
+    EXIT_DIVERGED,
+    check_round,
+    divergence,
+    finite_points,
+    host_health,
+    initial_health,
+)
 from jaxfl.experiment.main import warn_empty_rounds
 from jaxfl.experiment.outputs import TABLE_COLUMNS, json_safe, write_comparison, write_json
 from jaxfl.experiment.run_directory import MARKER
@@ -101,6 +108,18 @@ def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, capsys):
         json.loads((out / name).read_text(), parse_constant=_no_constants)
     assert not (out / "model").exists()  # A diverged model is not an output.
     assert json.loads((out / MARKER).read_text())["status"] == "diverged"
+
+
+def test_finite_points_against_numpy():
+    rng = np.random.default_rng(0)
+    models = {"w": rng.normal(size=(4, 3, 2)).astype(np.float32), "ids": np.arange(4), "b": np.zeros((4, 1))}
+    models["w"][1, 2, 0] = np.nan
+    models["b"][3, 0] = -np.inf
+    expected = [np.isfinite(models["w"][g]).all() and np.isfinite(models["b"][g]).all() for g in range(4)]
+    assert finite_points(models, 4).tolist() == expected == [True, False, True, False]
+    assert finite_points({"w": models["w"][0]}).tolist() == [True]
+    assert finite_points({"w": models["w"][1]}).tolist() == [False]
+    assert finite_points({"ids": np.arange(3)}, 3).tolist() == [True] * 3  # No float leaf: nothing to fail.
 
 
 @pytest.mark.parametrize(
