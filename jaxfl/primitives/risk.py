@@ -71,15 +71,26 @@ def inverse_superquantile(losses, theta, weights=None) -> jax.Array:
 
 
 def _golden_min(objective, low, high):
-    """The minimizer over [low, high] of a unimodal scalar function, by golden-section search."""
+    """The minimizer over [low, high] of a unimodal scalar function, by golden-section search.
 
-    def step(_, bracket):
-        a, b = bracket
-        c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
-        left = objective(c) <= objective(d)
-        return jnp.where(left, a, c), jnp.where(left, d, b)
+    One new evaluation per step: the kept interior point is the next bracket's other one (the golden ratio's
+    property 1 - g = g^2).
+    """
 
-    a, b = lax.fori_loop(0, _GOLDEN_STEPS, step, (low, high))
+    def step(_, search):
+        a, b, c, d, f_c, f_d = search
+        left = f_c <= f_d  # The minimum is in [a, d]: c becomes its upper interior point; else in [c, b].
+        a, b = jnp.where(left, a, c), jnp.where(left, d, b)
+        new = jnp.where(left, b - _GOLDEN * (b - a), a + _GOLDEN * (b - a))
+        f_new = objective(new)
+        return (
+            a, b, jnp.where(left, new, d), jnp.where(left, c, new),
+            jnp.where(left, f_new, f_d), jnp.where(left, f_c, f_new),
+        )
+
+    c, d = high - _GOLDEN * (high - low), low + _GOLDEN * (high - low)
+    search = (low, high, c, d, objective(c), objective(d))
+    a, b, *_ = lax.fori_loop(0, _GOLDEN_STEPS, step, search)
     return (a + b) / 2
 
 
