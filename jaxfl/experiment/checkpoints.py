@@ -21,6 +21,7 @@ Layout of one checkpoint, `checkpoints/<round>/`: `state/` (orbax
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -96,13 +97,16 @@ class RunCheckpoints:
         """Saves `tree` (any pytree of arrays) and the JSON-able `meta` as of `round_index`.
 
         Returns once the arrays are copied to the host; orbax writes them
-        in the background (`wait` blocks until it has).
+        in the background (`wait` blocks until it has). `meta` is copied
+        first: orbax serializes it in that background thread, by when the
+        caller may have appended to it (a later evaluation's record).
         """
+        meta = json.loads(json.dumps({**meta, "round": round_index}))
         self._manager.save(
             round_index,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(flatten_leaves(tree)),
-                meta=ocp.args.JsonSave({**meta, "round": round_index}),
+                meta=ocp.args.JsonSave(meta),
             ),
             force=True,
         )

@@ -42,6 +42,23 @@ def test_round_trip_is_exact_and_keeps_the_last_ones(tmp_path):
     checkpoints.close()
 
 
+def test_meta_is_saved_as_it_was_when_save_was_called(tmp_path, monkeypatch):
+    # Orbax serializes the JSON in its background thread; a run appends its next evaluation to the
+    # history list it passed. The write is held back here until after that append.
+    checkpoints = RunCheckpoints(tmp_path / "ck")
+    held = []
+    monkeypatch.setattr(checkpoints._manager, "save", lambda *args, **kwargs: held.append((args, kwargs)))
+    history = [{"round": 2}]
+    checkpoints.save(2, _tree(), {"history": history})
+    history.append({"round": 4})
+    monkeypatch.undo()
+    args, kwargs = held[0]
+    checkpoints._manager.save(*args, **kwargs)
+    checkpoints.wait()
+    assert checkpoints.restore(_tree())[2] == {"history": [{"round": 2}], "round": 2}
+    checkpoints.close()
+
+
 def test_leaves_are_copies_not_views_of_the_donated_buffers():
     x = jnp.arange(4.0)
     leaves = flatten_leaves({"x": x})
