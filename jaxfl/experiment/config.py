@@ -466,6 +466,18 @@ class RunConfig:
         choices=("auto", "scan", "while", "fused"),
     )
     eval_every: int = _field(200, "evaluate every this many rounds", low=1)
+    eval_clients: int | None = _field(
+        None,
+        "evaluate on a fixed sample of this many clients of each population (one client from each stratum "
+        "by size, drawn from --seed; the same for every algorithm and round) instead of all of them; "
+        "`jaxfl evaluate` evaluates every client of a saved model (unset: all)",
+        low=1, optional=True,
+    )
+    eval_train: bool = _field(
+        True,
+        "evaluate the training clients too (the train_* summaries and the table's train loss); "
+        "--no-eval-train leaves them out, half the evaluation where it dominates a run",
+    )
     seed: int = _field(
         0, "random seed (unset with a DP algorithm on the command line: drawn from the OS, so that the "
         "cohort sampling the observer's epsilon assumes secret is; it is written to config.json)",

@@ -7,7 +7,7 @@ evaluated on each client's own examples beside the global model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -22,6 +22,7 @@ from jaxfl.evaluation.per_client import (
     per_client_metrics,
     personal_client_metrics,
 )
+from jaxfl.evaluation.sampling import sampled_population
 from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.training.client_state import HostPersonalModels
 from jaxfl.training.local import Task
@@ -111,6 +112,8 @@ def make_evaluator(
     batched: bool = False,
     corrupted: np.ndarray | None = None,
     personal_group: int = 16,
+    sample: Mapping[str, np.ndarray] | None = None,
+    train: bool = True,
 ) -> Callable[[Any], tuple[dict, dict]]:
     """A compiled `(params, personal=()) -> (summaries, per-client metrics)`.
 
@@ -129,10 +132,23 @@ def make_evaluator(
     attack) leaves the corrupted
     training clients (and, with `personal_splits`, their test and validation
     data) out of the summaries, and marks them `attacked` per client.
+
+    `sample` (population name -> ascending client ids,
+    `jaxfl.evaluation.sampling.evaluation_sample`) evaluates only those
+    clients of the populations it names: summaries are over them, per-client
+    metrics are theirs, with their ids under `client`.
+    With `train=False` the training clients are not evaluated (no `train_*`
+    summaries or rows): where evaluation dominates a run, they are half of it.
     """
-    populations = {"train": dataset.train, "test": dataset.test}
+    sample = dict(sample or {})
+    populations = {"train": dataset.train} if train else {}
+    populations["test"] = dataset.test
     if dataset.validation is not None:
         populations["validation"] = dataset.validation
+    populations = {
+        name: sampled_population(population, sample[name]) if name in sample else population
+        for name, population in populations.items()
+    }
     on_host = {k: v for k, v in populations.items() if isinstance(v, HostPopulation)}
     on_device = {k: v for k, v in populations.items() if k not in on_host}
     evaluate = _evaluate_batched if batched else _evaluate
@@ -148,7 +164,7 @@ def make_evaluator(
     marked = {}
     if corrupted is not None:
         marked = {
-            name: np.asarray(corrupted, bool)
+            name: np.asarray(corrupted, bool)[sample[name]] if name in sample else np.asarray(corrupted, bool)
             for name in populations
             if name == "train" or dataset.personal_splits
         }
@@ -191,6 +207,8 @@ def make_evaluator(
         return stats, values
 
     def run(params, personal=()):
+        if "train" in sample and jax.tree.leaves(personal):
+            personal = _sampled_personal_models(personal, sample["train"], batched)
         summaries, clients = jax.device_get(
             evaluate(task, client_weighting, params, on_device, benign)
         )
@@ -237,6 +255,18 @@ def make_evaluator(
             }
             if name in marked:
                 ordered[name]["attacked"] = marked[name]
+            if name in sample:
+                ordered[name]["client"] = sample[name]
         return summaries, ordered
 
     return run
+
+
+def _sampled_personal_models(personal, client_ids: np.ndarray, batched: bool):
+    """The personal models of the sampled training clients, rows in the sample's order."""
+    if isinstance(personal, HostPersonalModels):
+        return personal.block(client_ids)
+    if not jax.tree.leaves(personal):
+        return personal
+    ids = jnp.asarray(client_ids, jnp.int32)
+    return jax.tree.map(lambda rows: rows[:, ids] if batched else rows[ids], personal)

@@ -37,7 +37,14 @@ from jaxfl.experiment.outputs import (
 )
 from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.run_directory import OutputDirectory
-from jaxfl.experiment.runner import RunResult, placement_line, run_algorithm, saved_personal_models, setup
+from jaxfl.experiment.runner import (
+    RunResult,
+    evaluation_line,
+    placement_line,
+    run_algorithm,
+    saved_personal_models,
+    setup,
+)
 from jaxfl.experiment.saved_model import MODEL_FOLDER, save_model
 
 CHECKPOINTS = "checkpoints"
@@ -297,6 +304,9 @@ def run_header(run_setup, config: RunConfig) -> str:
     if config.aggregator != "mean":
         robustness.append(f"aggregator {config.aggregator}")
     lines.append(f"running {', '.join(config.algorithms)}" + (f": {'; '.join(robustness)}" if robustness else ""))
+    sampled = evaluation_line(run_setup)
+    if sampled is not None:
+        lines.append(sampled)
     return "\n".join(lines)
 
 

@@ -108,7 +108,9 @@ def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> 
     personal models (Ditto) each row also has `personal_loss` and
     `personal_error`, the client's metrics under its own model (empty where a
     population's clients have none); with an attack, `attacked` (1 for the
-    corrupted clients of the training population).
+    corrupted clients of the training population). A population evaluated
+    on a sample of its clients (`--eval-clients`) has rows for those only,
+    `client` being each one's index in the whole population.
     """
     extra = [
         column
@@ -120,10 +122,12 @@ def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> 
         writer.writerow(["population", "client", "num_examples", "loss", "error", "targets", *extra])
         for population, metrics in clients.items():
             targets = metrics.get("targets", metrics["num_examples"])
-            for i, (count, loss, error, counted) in enumerate(
-                zip(metrics["num_examples"], metrics["loss"], metrics["error"], targets, strict=True)
+            ids = metrics.get("client", range(len(metrics["loss"])))
+            for i, (client, count, loss, error, counted) in enumerate(
+                zip(ids, metrics["num_examples"], metrics["loss"], metrics["error"], targets, strict=True)
             ):
-                row = [population, i, int(count), f"{float(loss):.6g}", f"{float(error):.6g}", int(counted)]
+                row = [population, int(client), int(count)]
+                row += [f"{float(loss):.6g}", f"{float(error):.6g}", int(counted)]
                 for column in extra:
                     value = metrics.get(column)
                     if value is None:
@@ -155,7 +159,7 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
         row = {"algorithm": name}
         for key, label in TABLE_COLUMNS:
             row[f"test_error_{label}"] = 100.0 * summary["test_error"][key]
-        row["train_loss_mean"] = summary["train_loss"]["mean"]
+        row["train_loss_mean"] = summary.get("train_loss", {}).get("mean", float("nan"))  # --no-eval-train
         rows.append(row)
         personal = summary.get("personal_test_error")
         where = "personal"
@@ -177,7 +181,9 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
     for row in comparison_rows(summaries):
         cells = [row["algorithm"]]
         cells += [f"{row[f'test_error_{label}']:.2f}" for _, label in TABLE_COLUMNS]
-        cells.append(f"{row['train_loss_mean']:.4f}")
+        loss = row["train_loss_mean"]
+        # NaN: not evaluated (--no-eval-train), or diverged.
+        cells.append("n/a" if np.isnan(loss) else f"{loss:.4f}")
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     fmt = lambda cells: "  ".join(  # noqa: E731

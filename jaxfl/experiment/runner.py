@@ -23,6 +23,7 @@ from jaxfl.algorithms.registry import (
     PRIVATE_ALGORITHMS,
     algorithm_spec,
 )
+from jaxfl.evaluation.sampling import evaluation_sample
 from jaxfl.experiment.checkpoints import RunCheckpoints
 
 # The run's pieces, by concern; their names are also imported from here.
@@ -142,6 +143,41 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     return place_state(state, strategy), strategy.replicate(jax.device_put(health))
 
 
+def evaluation_clients(run_setup: Setup) -> dict[str, np.ndarray]:
+    """Population name -> the clients evaluated (`--eval-clients`), for the populations sampled."""
+    config = run_setup.config
+    if config.eval_clients is None:
+        return {}
+    sample = evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
+    if not config.eval_train:
+        # Still drawn with the others: under personal splits the test sample is the training one.
+        sample.pop("train", None)
+    return sample
+
+
+def evaluation_line(run_setup: Setup) -> str | None:
+    """What `--eval-clients` and `--no-eval-train` leave out, for the run's header; None: nothing."""
+    sample = evaluation_clients(run_setup)
+    parts = []
+    if sample:
+        sizes = population_sizes(run_setup.dataset)
+        sampled = ", ".join(f"{ids.size} of {sizes[name]} {name}" for name, ids in sample.items())
+        parts.append(f"on a fixed sample of clients (--eval-clients): {sampled}")
+    if not run_setup.config.eval_train:
+        parts.append("not on the training clients (--no-eval-train)")
+    if not parts:
+        return None
+    return f"evaluation {'; '.join(parts)}; `jaxfl evaluate DIR` evaluates every client of a saved run"
+
+
+def population_sizes(dataset) -> dict[str, int]:
+    """Population name -> its number of clients."""
+    sizes = {"train": dataset.train.num_clients, "test": dataset.test.num_clients}
+    if dataset.validation is not None:
+        sizes["validation"] = dataset.validation.num_clients
+    return sizes
+
+
 def run_summary(
     run_setup: Setup,
     name: str,
@@ -173,6 +209,12 @@ def run_summary(
     attack = attack_record(config, run_setup.corrupted)
     if attack is not None:
         summary["attack"] = attack
+    sample = evaluation_clients(run_setup)
+    if sample:
+        summary["evaluated_clients"] = {
+            name: {"evaluated": int(ids.size), "of": population_sizes(run_setup.dataset)[name]}
+            for name, ids in sample.items()
+        }
     if diverged:
         summary["diverged"] = diverged
     # A single run stops where divergence was seen; a sweep point goes on with the others.
@@ -259,12 +301,16 @@ def run_algorithm(
         engine.client_weighting,
         corrupted=run_setup.corrupted,
         personal_group=personal_evaluation_group(strategy),
+        sample=evaluation_clients(run_setup),
+        train=config.eval_train,
     )
     latest: dict[str, Any] = {"summaries": {}, "clients": {}}
     if progress is not None and start_round:
         progress.update(start_round)
 
     def on_evaluate(round_index, state, metrics):
+        if progress is not None:
+            progress.set_postfix_str("evaluating")  # It can take longer than the rounds between.
         summaries, clients = evaluate(state.params, personal_models(algorithm, state))
         latest.update(summaries=summaries, clients=clients)
         record = {

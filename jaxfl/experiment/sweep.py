@@ -49,6 +49,7 @@ from jaxfl.experiment.runner import (
     Setup,
     after_training_models,
     compile_rounds,
+    evaluation_clients,
     make_evaluator,
     personal_evaluation_group,
     place_carry,
@@ -145,6 +146,10 @@ def batched_round(
     )
 
 
+# Per-client columns that are the same for every point of a sweep (no leading point axis).
+SHARED_COLUMNS = ("num_examples", "attacked", "client")
+
+
 def batched_evaluator(run_setup: Setup) -> Callable:
     """The batched `make_evaluator` of the setup, the same object per dataset."""
     engine, dataset = run_setup.engine, run_setup.dataset
@@ -163,12 +168,16 @@ def batched_evaluator(run_setup: Setup) -> Callable:
         engine.client_weighting,
         personal_evaluation_group(engine.strategy),
         None if corrupted is None else corrupted.tobytes(),
+        run_setup.config.eval_clients,
+        run_setup.config.eval_train,
+        run_setup.config.seed,
     )
     if key not in evaluators:
         # The corrupted clients depend on the dataset's setup (seed, attack), as the dataset does.
         evaluators[key] = make_evaluator(
             engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted,
-            personal_group=personal_evaluation_group(engine.strategy),
+            personal_group=personal_evaluation_group(engine.strategy), sample=evaluation_clients(run_setup),
+            train=run_setup.config.eval_train,
         )
     return evaluators[key]
 
@@ -266,9 +275,7 @@ def run_sweep(
                 for group, stats in batch_summaries.items()
             }
             clients[g] = {
-                population: {
-                    k: np.asarray(v if k in ("num_examples", "attacked") else v[g]) for k, v in values.items()
-                }
+                population: {k: np.asarray(v if k in SHARED_COLUMNS else v[g]) for k, v in values.items()}
                 for population, values in batch_clients.items()
             }
 

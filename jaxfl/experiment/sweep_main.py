@@ -56,7 +56,7 @@ from jaxfl.experiment.outputs import (
     write_jsonl,
 )
 from jaxfl.experiment.run_directory import OutputDirectory
-from jaxfl.experiment.runner import placement_line, saved_personal_models, setup
+from jaxfl.experiment.runner import evaluation_line, placement_line, saved_personal_models, setup
 from jaxfl.experiment.saved_model import MODEL_FOLDER
 from jaxfl.experiment.sweep import SERVER_LR, SweepPoint, check_client_state, run_sweep
 
@@ -219,6 +219,8 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                 output.abandon()
         raise
     print(placement_line(base_setup))
+    if evaluation_line(base_setup) is not None:
+        print(evaluation_line(base_setup))
     _print_rows(rows, grid, total)
     private = [row for row in rows if any(key.startswith("privacy_") for key in row)]
     if private:

@@ -1,5 +1,6 @@
 """The `jaxfl` command: the quick-start run's files, determinism, and every bad input."""
 
+import csv
 import json
 import shutil
 import subprocess
@@ -84,6 +85,36 @@ def test_config_json_reruns_identically(finished_run, tmp_path, capsys):
     assert "test misclassification error" in out
     assert (again / "metrics.jsonl").read_text() == (finished_run / "metrics.jsonl").read_text()
     assert (again / "clients.csv").read_text() == (finished_run / "clients.csv").read_text()
+
+
+def test_eval_clients_evaluates_the_same_models_on_a_sample(finished_run, tmp_path, capsys):
+    # The same run evaluated on 7 test clients and no training client: the header says so, the
+    # summary records it, and clients.csv holds those clients' rows of the full evaluation, under
+    # their ids.
+    sampled = tmp_path / "sampled"
+    args = ["--config", str(finished_run / "config.json"), "--eval-clients", "7", "--no-eval-train"]
+    status, out, _ = _run([*args, "--out", str(sampled)], capsys)
+    assert status == 0
+    assert (
+        "evaluation on a fixed sample of clients (--eval-clients): 7 of 20 test; not on the training clients"
+        in out
+    )
+    summary = json.loads((sampled / "summary.json").read_text())
+    assert summary["evaluated_clients"] == {"test": {"evaluated": 7, "of": 20}}
+    assert "train_loss" not in summary and "test_loss" in summary
+
+    def rows(folder):
+        with (folder / "clients.csv").open() as f:
+            return {(r["population"], int(r["client"])): r for r in csv.DictReader(f)}
+
+    full, got = rows(finished_run), rows(sampled)
+    assert len(got) == 7 and {p for p, _ in got} == {"test"}
+    for key, row in got.items():
+        assert row["num_examples"] == full[key]["num_examples"]
+        for column in ("loss", "error"):
+            assert float(row[column]) == pytest.approx(float(full[key][column]), rel=1e-5, abs=1e-6)
+    errors = [float(row["error"]) for row in got.values()]
+    assert summary["test_error"]["mean"] == pytest.approx(sum(errors) / 7, rel=1e-5)
 
 
 def test_flags_override_config_file(tmp_path, capsys):
