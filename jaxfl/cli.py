@@ -43,6 +43,7 @@ from jaxfl.experiment.config import (
     discard_warnings,
     make_config,
     read_config_file,
+    section_fields,
 )
 from jaxfl.experiment.interrupts import Terminated, sigterm_as_interrupt
 from jaxfl.xla_cpu import configure_cpu
@@ -100,17 +101,24 @@ def _dataset_option(text: str) -> tuple[str, Any]:
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", help="JSON or TOML file of settings")
     defaults = RunConfig()
-    for name, field in FIELDS.items():
-        meta = field.metadata
-        if not meta["flag"]:
-            continue
-        flag = "--" + name.replace("_", "-")
-        help_text = f"{meta['help']} (default: {getattr(defaults, name)})"
-        if str(field.type).startswith("bool"):
-            run.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            run.add_argument(flag, type=_flag_value(name), default=None, help=help_text)
-    run.add_argument(
+    groups = {}
+    for title, names in section_fields().items():
+        group = groups[title] = run.add_argument_group(title)
+        for name in names:
+            field = FIELDS[name]
+            meta = field.metadata
+            if not meta["flag"]:
+                continue
+            flag = "--" + name.replace("_", "-")
+            help_text = meta["help"]
+            if meta["choices"]:
+                help_text += f"; one of: {', '.join(map(str, meta['choices']))}"
+            help_text += f" (default: {meta['default_text'] or getattr(defaults, name)})"
+            if str(field.type).startswith("bool"):
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            else:
+                group.add_argument(flag, type=_flag_value(name), default=None, help=help_text)
+    groups["what runs"].add_argument(
         "--dataset-option",
         action="append",
         type=_dataset_option,

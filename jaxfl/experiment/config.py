@@ -60,7 +60,7 @@ class ConfigError(ValueError):
 
 
 def _field(default, help, *, low=None, high=None, low_open=False, high_open=False,
-           choices=None, optional=False, flag=True, items=None):
+           choices=None, optional=False, flag=True, items=None, default_text=None):
     if isinstance(default, dict):
         default_kwargs = dict(default_factory=lambda: dict(default))
     else:
@@ -70,6 +70,8 @@ def _field(default, help, *, low=None, high=None, low_open=False, high_open=Fals
         metadata=dict(
             help=help, low=low, high=high, low_open=low_open, high_open=high_open,
             choices=choices, optional=optional, flag=flag, items=items,
+            # What --help says the default is, where the field's value is not it (a dataset's own).
+            default_text=default_text,
         ),
     )
 
@@ -136,8 +138,8 @@ class RunConfig:
     )
     model: str = _field(
         "linear",
-        "model (unset: the dataset's default, see `jaxfl list`)",
-        choices=MODEL_NAMES,
+        "model",
+        choices=MODEL_NAMES, default_text="the dataset's, see `jaxfl list`",
     )
     hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
     embedding_dim: int = _field(32, "embedding-bag: width of the token embeddings", low=1)
@@ -313,6 +315,16 @@ class RunConfig:
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
     )
     # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
+    client_validation_split: float | None = _field(
+        None,
+        "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
+        "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
+    afl_lambda_lr: float = _field(
+        0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
+        low=0.0, low_open=True,
+    )
     aggregator: str = _field(
         "mean", "how the server combines the cohort's updates (algorithms that average "
         "weighted updates)", choices=AGGREGATOR_NAMES,
@@ -366,16 +378,6 @@ class RunConfig:
     attack_epsilon: float = _field(0.1, "ipm attack: epsilon > 0", low=0.0, low_open=True)
     alie_z: float | None = _field(
         None, "alie attack: z (unset: Baruch et al.'s z from n and f)", optional=True,
-    )
-    client_validation_split: float | None = _field(
-        None,
-        "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
-        "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
-        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
-    )
-    afl_lambda_lr: float = _field(
-        0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
-        low=0.0, low_open=True,
     )
     dp_bins: int = _option(
         "dp_bins",
@@ -516,6 +518,31 @@ class RunConfig:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+# The sections of the settings, in the order of RunConfig's fields: each runs from its first field
+# to the next one's (`jaxfl run --help` groups its flags so).
+SECTIONS = (
+    ("what runs", "task"),
+    ("model", "model"),
+    ("training", "rounds"),
+    ("algorithm settings (each says which algorithms read it)", "theta"),
+    ("robust aggregation and attacks", "aggregator"),
+    ("differential privacy", "dp_bins"),
+    ("execution", "strategy"),
+    ("evaluation", "eval_every"),
+    ("seed, output and checkpoints", "seed"),
+)
+
+
+def section_fields() -> dict[str, list[str]]:
+    """Section title -> its fields, in order (`SECTIONS`)."""
+    starts = {first: title for title, first in SECTIONS}
+    sections: dict[str, list[str]] = {}
+    title = None
+    for name in FIELDS:
+        title = starts.get(name, title)
+        sections.setdefault(title, []).append(name)
+    return sections
 
 
 # Every integer setting is an int32 in the compiled round or a host-side

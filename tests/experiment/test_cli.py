@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -244,3 +245,26 @@ def test_the_timing_line_keeps_compilation_training_and_evaluation_apart():
         "first call 2.0 s (compiling, and 10 rounds), later rounds 0.5 s, evaluation 1.2 s"
     )
     assert "(compiling, and 1 round)" in timing_text({**timing, "rounds_per_call": 1})
+
+
+def test_run_help_groups_flags_by_section_and_lists_choices(capsys):
+    from jaxfl.experiment.config import FIELDS, section_fields
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    sections = section_fields()
+    assert None not in sections and sum(map(len, sections.values())) == len(FIELDS)
+    starts = [text.index(f"\n{title}:\n") for title in sections]
+    assert starts == sorted(starts)  # In the config's order.
+    for (title, names), start, end in zip(sections.items(), starts, [*starts[1:], len(text)], strict=True):
+        part = text[start:end]
+        for name in names:
+            meta = FIELDS[name].metadata
+            if not meta["flag"]:
+                continue
+            assert re.search(f"--{name.replace('_', '-')}[ ,\n]", part), (title, name)
+    flat = " ".join(text.split())
+    assert "one of: num_examples, uniform (default: num_examples)" in flat
+    assert "geometric-median" in flat and "sign-flip" in flat
+    assert "(default: the dataset's, see `jaxfl list`)" in flat and "(default: linear)" not in flat
