@@ -24,9 +24,11 @@ What one round releases, and its sensitivity (per round t):
    (Pillutla et al. 2023, Appendix D, Claim 20, writes sigma_w^2 / (2 C^2),
    the inverse; the form here is the Gaussian mechanism's.) The server then
    divides by a public count -- m for DP-FedAvg (the cohort size, which is
-   also its expected size: McMahan et al. 2018's fixed denominator), m_t for
-   DP Delta-FL, which Pillutla et al. 2023, Appendix D, assumes public --
-   and takes a server optimizer step: post-processing;
+   also its expected size: McMahan et al. 2018's fixed denominator), theta m
+   for DP Delta-FL (fixed before the round; with `--dp-count exact` the
+   count m_t of clients that passed, which Pillutla et al. 2023, Appendix D,
+   assumes public and which is then not accounted) -- and takes a server
+   optimizer step: post-processing;
 3. DP Delta-FL only: the noisy hierarchical histogram of the m cohort losses
    (Pillutla et al. 2023, Algorithm 2, `jaxfl.primitives.dp_quantile`), from
    which the server reads the threshold Q_t. Theorem 6(a) of Pillutla et al.

@@ -349,6 +349,7 @@ class DpBudget:
             "rounds": int(rounds_done),
             "accountant": ACCOUNTANT_NAME,
             "adjacency": "replace one client's data (client-level DP; n public)",
+            "not_private": not_private_outputs(settings),
             "released_update": (
                 "sum of clipped updates + N(0, noise_stddev^2 I), divided by "
                 + (
@@ -359,6 +360,27 @@ class DpBudget:
             ),
             **report,
         }
+
+
+def not_private_outputs(settings: Any) -> list[str]:
+    """What a DP run writes that is computed from private data and is not a DP release.
+
+    Diagnostics of the simulation, outside the accounting: reading them is
+    seeing the clients' data. The released quantities are the models (the
+    noisy updates), DP Delta-FL's thresholds, and m_t under `--dp-count exact`.
+    """
+    count = [] if getattr(settings, "dp_count", "fixed") == "exact" else [
+        "metrics.jsonl round_metrics.clients_with_weight (m_t, the clients that passed the threshold)",
+        "summary.json rounds_without_weight (the rounds with m_t = 0)",
+    ]
+    return [
+        "metrics.jsonl round_metrics other than threshold and update_norm (the released update's): "
+        "train_loss, cohort_loss, clipped_fraction, mean_update_norm, local_steps",
+        *count,
+        "the train_* summaries and the training clients' rows of clients.csv (evaluated on their data)",
+        "personal models (--finetune-epochs) and their evaluation: each trained on one client's data, no noise",
+        "timing.json and the divergence flags the run stops on (released only as the models' finiteness)",
+    ]
 
 
 def _count_report(settings: Any) -> dict[str, Any]:

@@ -220,8 +220,16 @@ def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
 
 
 def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_path, capsys):
-    quantile = json.loads((dp_run / "dp-deltafl" / "summary.json").read_text())["privacy"]["quantile"]
+    privacy = json.loads((dp_run / "dp-deltafl" / "summary.json").read_text())["privacy"]
+    quantile = privacy["quantile"]
     assert quantile["selected_count_public"] is False and quantile["divisor"].startswith("theta * m")
+    # m_t is then a diagnostic: listed with what is not private, as every round metric but the threshold
+    # and the norm of the released update.
+    not_private = " ".join(privacy["not_private"])
+    assert "clients_with_weight (m_t" in not_private and "rounds_without_weight" in not_private
+    record = json.loads((dp_run / "dp-deltafl" / "metrics.jsonl").read_text().splitlines()[-1])
+    for metric in set(record["round_metrics"]) - {"threshold", "update_norm", "clients_with_weight"}:
+        assert metric in not_private
     out = tmp_path / "exact"
     argv = ["run", *TINY, "--algorithm", "dp-deltafl", "--epsilon", "8", "--dp-count", "exact",
             "--out", str(out)]
@@ -230,7 +238,7 @@ def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_
     assert "dp-deltafl: divides by the exact count m_t" in stdout and "NOT accounted" in stdout
     exact = json.loads((out / "summary.json").read_text())["privacy"]
     assert exact["quantile"]["selected_count_public"] is True
-    assert "m_t" in exact["released_update"]
+    assert "m_t" in exact["released_update"] and "m_t" not in " ".join(exact["not_private"])
 
 
 def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
