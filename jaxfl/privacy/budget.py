@@ -378,7 +378,8 @@ def not_private_outputs(settings: Any) -> list[str]:
         "train_loss, cohort_loss, clipped_fraction, mean_update_norm, local_steps",
         *count,
         "the train_* summaries and the training clients' rows of clients.csv (evaluated on their data)",
-        "personal models (--finetune-epochs) and their evaluation: each trained on one client's data, no noise",
+        "personal models (--finetune-epochs) and their evaluation: each trained on one client's data "
+        "without noise",
         "timing.json and the divergence flags the run stops on (released only as the models' finiteness)",
     ]
 
