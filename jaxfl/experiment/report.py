@@ -51,6 +51,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -518,6 +519,59 @@ def final_rows(folders: Sequence[ResultsFolder]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------
 
 
+# Settings that say how a run's data were made: runs that differ in them are on different data.
+DATA_SETTINGS = ("dataset", "dataset_options", "data_dir", "client_split", "client_validation_split")
+# Settings that do not make two runs different experiments (a seed is one draw of the same one).
+NOT_THE_EXPERIMENT = ("seed", "seed_drawn", "out", "overwrite", "progress")
+
+
+def seed_groups(runs: Sequence[RunResults]) -> list[list[RunResults]]:
+    """The runs, grouped where they differ only in their seed (a sweep's seed grid), first seen first.
+
+    Runs without a config, and runs of different folders' parents, are
+    never grouped.
+    """
+    groups: dict[Any, list[RunResults]] = {}
+    for run in runs:
+        if run.config is None:
+            key = ("alone", str(run.path))
+        else:
+            settings = {k: v for k, v in run.config.items() if k not in NOT_THE_EXPERIMENT}
+            key = (str(run.path.parent), json.dumps(settings, sort_keys=True, default=str))
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def seed_curve(runs: Sequence[RunResults], group: str, statistic: str):
+    """`(rounds, mean, low, high)` over the runs, at the rounds every one of them evaluated.
+
+    low and high are the smallest and largest run's value at each round.
+    """
+    curves = [curve(run, group, statistic) for run in runs]
+    common = sorted(set.intersection(*(set(rounds.tolist()) for rounds, _ in curves)))
+    if not common:
+        empty = np.zeros(0)
+        return empty, empty, empty, empty
+    values = np.stack([values[np.searchsorted(rounds, common)] for rounds, values in curves])
+    return np.asarray(common), values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def data_differences(runs: Sequence[RunResults]) -> list[str]:
+    """The data settings on which the runs differ, each as `name: value (labels), ...`; [] if none."""
+    differences = []
+    for name in DATA_SETTINGS:
+        by_value: dict[str, list[str]] = {}
+        for run in runs:
+            if run.config is not None:
+                value = json.dumps(run.config.get(name), sort_keys=True, default=str)
+                by_value.setdefault(value, []).append(run.label)
+        if len(by_value) > 1:
+            parts = [f"{value} ({', '.join(labels[:3])}{', ...' if len(labels) > 3 else ''})"
+                     for value, labels in by_value.items()]
+            differences.append(f"{name}: {'; '.join(parts)}")
+    return differences
+
+
 def _matplotlib():
     try:
         import matplotlib  # noqa: F401
@@ -549,7 +603,12 @@ def _png(figure) -> bytes:
 
 
 def draw_learning_curves(runs: Sequence[RunResults], colors: Sequence[Any]):
-    """Training loss, mean and p90 test error (%) over rounds: a Figure, or None without points."""
+    """Training loss, mean and p90 test error (%) over rounds: a Figure, or None without points.
+
+    Runs that differ only in their seed (`seed_groups`) are drawn as one
+    curve, the mean over the seeds, in a band from the lowest to the highest
+    seed's value.
+    """
     Figure, ticker = _matplotlib()
     panels = (
         ("train_loss", "mean", "training loss", "training loss (mean over training clients)"),
@@ -559,14 +618,22 @@ def draw_learning_curves(runs: Sequence[RunResults], colors: Sequence[Any]):
     figure = Figure(figsize=(13.5, 4.2), layout="constrained")
     axes = figure.subplots(1, 3)
     drawn = False
-    for run, color in zip(runs, colors, strict=True):
+    color_of = {id(run): color for run, color in zip(runs, colors, strict=True)}
+    for members in seed_groups(runs):
+        color = color_of[id(members[0])]
+        label = _legend_label(members[0])
+        if len(members) > 1:
+            label = re.sub(r"\bseed=[^,]*(, )?", "", label).rstrip(", ")
+            label += f" (mean of {len(members)} seeds, band: min-max)"
         for ax, (group, statistic, _, _) in zip(axes, panels, strict=True):
-            rounds, values = curve(run, group, statistic)
+            rounds, values, low, high = seed_curve(members, group, statistic)
             if not rounds.size:
                 continue
             scale = 100.0 if group.endswith("error") else 1.0
-            ax.plot(rounds, scale * values, color=color, lw=1.5, label=_legend_label(run),
+            ax.plot(rounds, scale * values, color=color, lw=1.5, label=label,
                     marker="o" if rounds.size <= 25 else None, ms=3)
+            if len(members) > 1:
+                ax.fill_between(rounds, scale * low, scale * high, color=color, alpha=0.2, lw=0)
             drawn = True
     if not drawn:
         return None
@@ -886,6 +953,12 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike | Non
             "nothing to draw yet: no evaluation in " + ", ".join(repr(str(f.path)) for f in folders)
         )
     notes = []
+    differences = data_differences(runs)
+    if differences:
+        notes.append(
+            "These runs are not on the same data, so their figures do not compare like with like: "
+            + "; ".join(differences) + "."
+        )
     if not any(client_errors(r).size for r in runs):
         notes.append("No run has finished yet: the per-client figures appear once one has.")
     elif any(not client_errors(r).size for r in runs):

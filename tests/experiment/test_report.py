@@ -6,6 +6,7 @@ with the CLI once per test session (shared by the xdist workers); running
 """
 
 import csv
+import dataclasses
 import fcntl
 import html
 import json
@@ -29,8 +30,11 @@ from jaxfl.experiment.report import (
     error_cdf,
     error_histogram,
     final_rows,
+    data_differences,
     read_folder,
     read_folders,
+    seed_curve,
+    seed_groups,
     write_report,
 )
 
@@ -284,8 +288,32 @@ def test_report_command_writes_figures_and_a_self_contained_page(runs, tmp_path,
     for label in ("fedavg", "deltafl", "fedavg lr=0.05", "fedavg lr=0.1"):
         assert f"<td>{html.escape(label)}</td>" in text
     assert "This report shows unfinished runs" not in text
+    assert "not on the same data" not in text
     # Rewriting an earlier report is allowed.
     assert main(["report", str(runs / "single"), "--out", str(out)]) == 0
+
+
+def test_seeds_of_one_setting_are_one_curve_and_other_data_are_said(runs):
+    # The sweep's two points made into two seeds of one setting, then into runs on two datasets.
+    first, second = read_folder(runs / "sweep").runs
+    as_seeds = [
+        dataclasses.replace(run, config={**first.config, "seed": seed, "out": f"o{seed}"})
+        for run, seed in ((first, 3), (second, 4))
+    ]
+    other = dataclasses.replace(first, config={**first.config, "lr": 0.5})
+    groups = seed_groups([*as_seeds, other])
+    assert [[id(run) for run in group] for group in groups] == [[id(r) for r in as_seeds], [id(other)]]
+    rounds, mean, low, high = seed_curve(as_seeds, "test_error", "mean")
+    (r1, v1), (r2, v2) = curve(first, "test_error", "mean"), curve(second, "test_error", "mean")
+    np.testing.assert_array_equal(rounds, r1)
+    np.testing.assert_allclose(mean, (v1 + v2) / 2)
+    np.testing.assert_allclose(low, np.minimum(v1, v2))
+    np.testing.assert_allclose(high, np.maximum(v1, v2))
+    assert data_differences([first, second]) == []
+    options = {**first.config["dataset_options"], "num_test_clients": 30}
+    moved = dataclasses.replace(second, config={**second.config, "dataset_options": options})
+    (difference,) = data_differences([first, moved])
+    assert difference.startswith("dataset_options: ") and first.label in difference and moved.label in difference
 
 
 def test_default_out_is_the_folders_report(runs, tmp_path):
