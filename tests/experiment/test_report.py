@@ -26,11 +26,11 @@ from jaxfl.experiment import report
 from jaxfl.experiment.report import (
     FIGURES,
     curve,
+    data_differences,
     error_by_size,
     error_cdf,
     error_histogram,
     final_rows,
-    data_differences,
     read_folder,
     read_folders,
     seed_curve,
@@ -304,7 +304,7 @@ def test_seeds_of_one_setting_are_one_curve_and_other_data_are_said(runs):
     groups = seed_groups([*as_seeds, other])
     assert [[id(run) for run in group] for group in groups] == [[id(r) for r in as_seeds], [id(other)]]
     rounds, mean, low, high = seed_curve(as_seeds, "test_error", "mean")
-    (r1, v1), (r2, v2) = curve(first, "test_error", "mean"), curve(second, "test_error", "mean")
+    (r1, v1), (_, v2) = curve(first, "test_error", "mean"), curve(second, "test_error", "mean")
     np.testing.assert_array_equal(rounds, r1)
     np.testing.assert_allclose(mean, (v1 + v2) / 2)
     np.testing.assert_allclose(low, np.minimum(v1, v2))
@@ -313,7 +313,8 @@ def test_seeds_of_one_setting_are_one_curve_and_other_data_are_said(runs):
     options = {**first.config["dataset_options"], "num_test_clients": 30}
     moved = dataclasses.replace(second, config={**second.config, "dataset_options": options})
     (difference,) = data_differences([first, moved])
-    assert difference.startswith("dataset_options: ") and first.label in difference and moved.label in difference
+    assert difference.startswith("dataset_options: ")
+    assert first.label in difference and moved.label in difference
 
 
 def test_default_out_is_the_folders_report(runs, tmp_path):
