@@ -82,6 +82,7 @@ def _draws(seed, n=40):
 
 # Compiled once for every draw of the same shapes (an eager call traces the tilt search each time).
 EVAR, TIVAR, INVERSE = jax.jit(evar), jax.jit(tivar), jax.jit(inverse_superquantile)
+VAR = jax.jit(value_at_risk)
 H = jax.jit(hierarchical_tilted_risk, static_argnums=2)
 HW = jax.jit(hierarchical_tilted_weights, static_argnums=2)
 H_GRAD = jax.jit(jax.grad(hierarchical_tilted_risk), static_argnums=2)
@@ -126,18 +127,19 @@ def test_limits_in_theta():
     assert float(INVERSE(a, tiny, w)) == pytest.approx(-1.0, abs=1e-6)
     # Equal losses: every measure is that loss.
     same = np.full(5, 2.5, np.float32)
-    for f in (EVAR, TIVAR, value_at_risk, INVERSE):
+    for f in (EVAR, TIVAR, VAR, INVERSE):
         assert float(f(same, 0.3, w)) == pytest.approx(2.5, abs=1e-6)
 
 
 def test_inverse_superquantile_and_var_against_numpy():
     rng = np.random.default_rng(3)
     a = rng.normal(size=20).astype(np.float32)
+    threshold = jax.jit(tail_threshold)
     for k in (1, 5, 20):
-        assert float(inverse_superquantile(a, k / 20)) == pytest.approx(np.sort(a)[:k].mean(), rel=1e-5)
-        assert float(value_at_risk(a, k / 20)) == float(tail_threshold(a, k / 20))
+        assert float(INVERSE(a, k / 20)) == pytest.approx(np.sort(a)[:k].mean(), rel=1e-5)
+        assert float(VAR(a, k / 20)) == float(threshold(a, k / 20))
         # The (theta n + 1)-th largest loss where theta n is an integer (the smallest at theta = 1).
-        assert float(value_at_risk(a, k / 20)) == np.sort(a)[max(19 - k, 0)]
+        assert float(VAR(a, k / 20)) == np.sort(a)[max(19 - k, 0)]
 
 
 def test_gradients_are_the_tilted_weights_at_the_optimal_tilt():
@@ -147,12 +149,12 @@ def test_gradients_are_the_tilted_weights_at_the_optimal_tilt():
     eps, top = 1e-2, int(jnp.argmax(a))
     bump = jnp.zeros_like(a).at[top].set(eps)
     for f in (EVAR, tivar_floored):
-        grad = jax.grad(f)(a, 0.2)
+        grad = jax.jit(jax.grad(f))(a, 0.2)
         assert bool(jnp.all(grad >= -1e-6))
         numeric = (f(a + bump, 0.2) - f(a - bump, 0.2)) / (2 * eps)
         assert float(grad[top]) == pytest.approx(float(numeric), abs=5e-3)
     # EVaR's are softmax(t* a): they sum to 1 (translation equivariance) and are ordered as the losses.
-    grad = jax.grad(EVAR)(a, 0.2)
+    grad = jax.jit(jax.grad(EVAR))(a, 0.2)
     assert float(jnp.sum(grad)) == pytest.approx(1.0, abs=1e-4)
     order = jnp.argsort(a)
     assert bool(jnp.all(jnp.diff(grad[order]) >= -1e-6))
@@ -162,7 +164,7 @@ def test_zero_weights_nan_and_traced_theta():
     a = np.asarray([1.0, np.nan, 2.0, 4.0], np.float32)
     w = np.asarray([1.0, 0.0, 1.0, 1.0], np.float32)
     finite_there = np.asarray([1.0, 7.0, 2.0, 4.0], np.float32)
-    for f in (EVAR, TIVAR, value_at_risk, INVERSE):
+    for f in (EVAR, TIVAR, VAR, INVERSE):
         # The zero-weight NaN changes nothing (as a finite loss there would not); a weighted NaN is NaN.
         assert float(f(a, 0.5, w)) == pytest.approx(float(f(finite_there, 0.5, w)), abs=1e-5)
         assert math.isnan(float(f(a, 0.5, np.ones(4, np.float32))))
@@ -223,8 +225,10 @@ def test_hierarchical_special_cases():
     groups = np.repeat(np.arange(6), 5).astype(np.int32)
     ones = np.ones(30, np.float32)
     # tau = t: the sample-level tilted risk (Li 2023, Lemma 32).
-    assert float(H(a, groups, 6, 1.7, 1.7, ones)) == pytest.approx(float(tilted_risk(a, 1.7)), rel=1e-5)
-    np.testing.assert_allclose(HW(a, groups, 6, 1.7, 1.7, ones), tilted_risk_weights(a, 1.7), atol=1e-6)
+    sample_level = float(jax.jit(tilted_risk)(a, 1.7))
+    assert float(H(a, groups, 6, 1.7, 1.7, ones)) == pytest.approx(sample_level, rel=1e-5)
+    sample_weights = jax.jit(tilted_risk_weights)(a, 1.7)
+    np.testing.assert_allclose(HW(a, groups, 6, 1.7, 1.7, ones), sample_weights, atol=1e-6)
     means = a.reshape(6, 5).mean(axis=1)
     # Large t: the worst group's risk; large negative t: the best's (tau = 0: their means).
     assert float(H(a, groups, 6, 1e4, 0.0, ones)) == pytest.approx(means.max(), abs=1e-3)
@@ -240,7 +244,7 @@ def test_hierarchical_special_cases():
     )
     assert math.isnan(float(H(with_nan, groups, 6, 1.0, 0.5, ones)))
     ts = jnp.asarray([-1.0, 0.0, 2.0])  # vmap over the tilt: each point as alone.
-    batched = jax.vmap(lambda t: hierarchical_tilted_risk(a, groups, 6, t, 0.5, ones))(ts)
+    batched = jax.jit(jax.vmap(lambda t: hierarchical_tilted_risk(a, groups, 6, t, 0.5, ones)))(ts)
     np.testing.assert_allclose(batched, [float(H(a, groups, 6, t, 0.5, ones)) for t in ts], rtol=1e-6)
     with pytest.raises(ValueError, match="groups"):
         hierarchical_tilted_risk(a, groups[:5], 6, 1.0, 1.0)

@@ -143,7 +143,11 @@ def test_minibatch_rows_are_each_epochs_permutation(epochs, max_steps):
     count = SIZES[client]
     offset = int(POPULATION.offsets[client])
     num_steps = local.num_steps(jnp.int32(count))
-    rows = np.asarray(minibatch_rows(POPULATION, jnp.int32(client), jax.random.key(7), num_steps, local))
+    # Compiled, as training runs it (op by op, eagerly, it cost 3 s a case).
+    rows = jax.jit(minibatch_rows, static_argnums=4)(
+        POPULATION, jnp.int32(client), jax.random.key(7), num_steps, local
+    )
+    rows = np.asarray(rows)
     steps_per_epoch = -(-count // 4)
     assert rows.shape == (local.scan_length(POPULATION.max_count), 4)
     assert (rows[int(num_steps):] == -1).all()
