@@ -2,7 +2,8 @@
 
 Pure, jit/vmap-compatible functions on 1-D vectors (batch with `jax.vmap`),
 from Pillutla et al. 2023 and Laguel et al. 2020, and the risk measures of
-Li 2023, Chapter 7 (`risk.py`). See docs/primitives.md for the semantics,
+Li 2023, Chapter 7 (`risk.py`), and compressors of client updates
+(`compression.py`). See docs/primitives.md for the semantics,
 edge cases and paper references.
 
 References:
@@ -11,6 +12,14 @@ References:
   [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks. PhD thesis, CMU, 2023.
 """
 
+from jaxfl.primitives.compression import (
+    error_feedback,
+    hadamard_rotation,
+    inverse_hadamard_rotation,
+    random_k,
+    stochastic_quantize,
+    top_k,
+)
 from jaxfl.primitives.discrete_gaussian import discrete_gaussian
 from jaxfl.primitives.dp_quantile import (
     dp_hierarchical_histogram,
@@ -45,6 +54,12 @@ from jaxfl.primitives.tail import (
 )
 
 __all__ = [
+    "error_feedback",
+    "hadamard_rotation",
+    "inverse_hadamard_rotation",
+    "random_k",
+    "stochastic_quantize",
+    "top_k",
     "discrete_gaussian",
     "dp_hierarchical_histogram",
     "dp_quantile",
