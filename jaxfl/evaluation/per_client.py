@@ -37,12 +37,29 @@ class ClientMetrics(NamedTuple):
     targets: jax.Array
 
 
+# Positions (examples times sequence length) evaluated together: a recurrent model's activations grow
+# with both, so token sequences go in fewer rows at once (benchmarks/RESULTS.md, section "Evaluation
+# chunks").
+CHUNK_POSITIONS = 16_384
+CHUNK_ROWS = 4096
+
+
+def default_chunk_rows(population) -> int:
+    """Examples evaluated together: `CHUNK_ROWS`, or for token sequences of length L
+    `CHUNK_POSITIONS // L` of them (at least 64)."""
+    inputs = population.features.get("x")
+    if inputs is None or not jnp.issubdtype(inputs.dtype, jnp.integer) or inputs.ndim < 2:
+        return CHUNK_ROWS
+    length = int(np.prod(inputs.shape[1:]))
+    return max(64, min(CHUNK_ROWS, CHUNK_POSITIONS // length))
+
+
 def per_client_metrics(
     task: Task,
     params: Params,
     population: ClientPopulation,
     *,
-    chunk_rows: int = 4096,
+    chunk_rows: int | None = None,
 ) -> ClientMetrics:
     """Mean loss F_i(w) and misclassification error of every client.
 
@@ -53,13 +70,14 @@ def per_client_metrics(
       task: model and loss.
       params: the model evaluated.
       population: the clients, packed.
-      chunk_rows: examples evaluated together (static).
+      chunk_rows: examples evaluated together (static; None:
+        `default_chunk_rows`).
 
     Returns:
       `ClientMetrics` with `[N]` float32 arrays.
     """
     num_rows = population.num_examples
-    chunk = min(chunk_rows, num_rows)
+    chunk = min(chunk_rows or default_chunk_rows(population), num_rows)
     num_chunks = -(-num_rows // chunk)
     owners = population.example_client_ids
 

@@ -121,3 +121,16 @@ def test_summaries_of_ten_values_take_exact_tails():
     assert float(got["superquantile_90"]) == pytest.approx(9.0)
     assert float(got["best_10"]) == pytest.approx(0.0)
     assert float(got["p50"]) == 4.0
+
+
+def test_token_sequences_are_evaluated_in_fewer_rows_at_once():
+    from jaxfl.data.population import pack_arrays
+    from jaxfl.evaluation.per_client import CHUNK_POSITIONS, CHUNK_ROWS, default_chunk_rows
+
+    def population(x):
+        return pack_arrays({"x": x, "y": np.zeros(len(x), np.int32)}, np.array([len(x)]))
+
+    assert default_chunk_rows(POPULATION) == CHUNK_ROWS  # Real-valued inputs.
+    for length, rows in ((80, CHUNK_POSITIONS // 80), (20, CHUNK_POSITIONS // 20), (1000, 64), (2, CHUNK_ROWS)):
+        assert default_chunk_rows(population(np.ones((3, length), np.int32))) == rows
+    assert default_chunk_rows(population(np.ones(3, np.int32))) == CHUNK_ROWS  # One token per example.
