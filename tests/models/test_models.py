@@ -60,13 +60,14 @@ def test_convnet_implementations_equal_lax_convolution_under_vmap(conv):
     lax_model = make_model("convnet", (784,), 62, conv="lax")
     patch_model = make_model("convnet", (784,), 62, conv=conv)
     keys = jax.random.split(jax.random.key(0), 3)
-    params = jax.vmap(lax_model.init)(keys)  # Three clients' own models.
+    params = jax.jit(jax.vmap(lax_model.init))(keys)  # Three clients' own models.
     x = jax.random.uniform(jax.random.key(1), (3, 4, 784))
 
     def loss(model):
         return lambda p, xb: jnp.sum(model.apply(p, xb) ** 2)
 
     for fn in (lambda m: m.apply, lambda m: jax.grad(loss(m))):
-        expected = jax.vmap(fn(lax_model))(params, x)
-        got = jax.vmap(fn(patch_model))(params, x)
+        # Compiled: op by op, the two models' vmapped passes cost many small compilations.
+        expected = jax.jit(jax.vmap(fn(lax_model)))(params, x)
+        got = jax.jit(jax.vmap(fn(patch_model)))(params, x)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4), got, expected)
