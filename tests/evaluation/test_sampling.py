@@ -144,9 +144,11 @@ def test_a_sampled_evaluation_is_the_full_ones_rows_of_those_clients(where):
             batch_rows["train"]["personal_loss"][0], rows["train"]["personal_loss"], rtol=1e-6
         )
         np.testing.assert_array_equal(batch_rows["test"]["client"], sample["test"])
-    # Without the training clients: the test rows alone, personal ones included.
-    summaries, rows = make_evaluator(task, dataset, "num_examples", sample=sample, train=False)(
-        params, personal
-    )
-    assert rows.keys() == {"test"} and not any("train" in key for key in summaries)
-    np.testing.assert_allclose(rows["test"]["personal_error"], full["test"]["personal_error"][sample["test"]])
+        # Without the training clients: the test rows alone, personal ones included.
+        summaries, rows = make_evaluator(task, dataset, "num_examples", sample=sample, train=False)(
+            params, personal
+        )
+        assert rows.keys() == {"test"} and not any("train" in key for key in summaries)
+        np.testing.assert_allclose(
+            rows["test"]["personal_error"], full["test"]["personal_error"][sample["test"]]
+        )
