@@ -314,7 +314,6 @@ class RunConfig:
         "dataset's test clients are not used)",
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
     )
-    # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
     client_validation_split: float | None = _field(
         None,
         "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
@@ -325,6 +324,7 @@ class RunConfig:
         0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
         low=0.0, low_open=True,
     )
+    # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
     aggregator: str = _field(
         "mean", "how the server combines the cohort's updates (algorithms that average "
         "weighted updates)", choices=AGGREGATOR_NAMES,
