@@ -95,6 +95,41 @@ def _pathconf(path: Path, name: str, default: int) -> int:
         return default
 
 
+# What jaxfl writes at the top of an output folder (runs, sweeps, the family, `jaxfl report`'s default
+# folder), besides one subfolder per algorithm and what a finished folder's marker lists.
+JAXFL_ENTRIES = frozenset({
+    MARKER, MARKER + ".tmp", LOCK, "config.json", "metrics.jsonl", "clients.csv", "summary.json",
+    "timing.json", "model", "checkpoints", "comparison.csv", "comparison.md", "points", "results.csv",
+    "family.json", "report",
+})
+
+
+def foreign_entries(directory: Path, marker: dict[str, Any]) -> list[str]:
+    """The names at the top of `directory` that jaxfl did not write (a user's notes, say), sorted.
+
+    Known: `JAXFL_ENTRIES`, the algorithms' subfolders, a sweep's
+    `lambda-per-client-*.csv`, and the `entries` a finished folder's marker
+    recorded when it was committed.
+    """
+    from jaxfl.algorithms.registry import SPECS  # JAX-free.
+
+    known = JAXFL_ENTRIES | set(SPECS) | set(marker.get("entries") or ())
+    return sorted(
+        name for name in os.listdir(directory)
+        if name not in known and not (name.startswith("lambda-per-client-") and name.endswith(".csv"))
+    )
+
+
+def _refuse_foreign(directory: Path, marker: dict[str, Any]) -> None:
+    foreign = foreign_entries(directory, marker)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(
+            f"{str(directory)!r} holds files jaxfl did not write ({shown}); --overwrite never deletes "
+            "them: move them away first"
+        )
+
+
 def read_marker(directory: Path) -> dict[str, Any] | None:
     """The marker of a folder jaxfl made, or None (no marker, or not jaxfl's)."""
     try:
@@ -173,11 +208,13 @@ class OutputDirectory:
         if self.path.exists():
             if not overwrite:
                 raise ConfigError(f"out directory {str(self.path)!r} exists; pass --overwrite to replace it")
-            if read_marker(self.path) is None:
+            existing = read_marker(self.path)
+            if existing is None:
                 raise ConfigError(
                     f"out directory {str(self.path)!r} was not written by jaxfl; --overwrite replaces "
                     "only jaxfl's output folders"
                 )
+            _refuse_foreign(self.path, existing)
         self._check_staging_free()
 
     def _check_staging_free(self) -> None:
@@ -205,6 +242,7 @@ class OutputDirectory:
                 f"continue it with `jaxfl {self.command} --resume {self.path}`, or pass --overwrite to "
                 "discard it"
             )
+        _refuse_foreign(self.staging, marker)
 
     def _check_resumable(self) -> None:
         if not self.staging.is_dir():
@@ -310,7 +348,9 @@ class OutputDirectory:
 
     def commit(self, status: str = "finished") -> Path:
         """Moves the finished staging folder to the destination."""
-        self._marker.update(status=status, finished=_now())
+        # What it holds, so that a later --overwrite can tell a user's files from jaxfl's.
+        entries = sorted(set(os.listdir(self.staging)) - {LOCK, MARKER + ".tmp"} | {MARKER})
+        self._marker.update(status=status, finished=_now(), entries=entries)
         _write_marker(self.staging, self._marker)
         (self.staging / LOCK).unlink(missing_ok=True)
         if self.path.exists():

@@ -71,6 +71,33 @@ def test_overwrite_replaces_only_jaxfl_folders(tmp_path):
     assert (home / "thesis.tex").exists()
 
 
+@pytest.mark.parametrize("where", ["finished", "unfinished"])
+def test_overwrite_never_deletes_files_a_user_put_in_a_jaxfl_folder(where, tmp_path):
+    # A finished folder records what it held when committed; an unfinished one holds jaxfl's names only.
+    output = OutputDirectory(tmp_path / "run")
+    staging = output.open(rounds=4)
+    for name in ("config.json", "metrics.jsonl", "lambda-per-client-0-0.csv"):
+        (staging / name).write_text("{}")
+    (staging / "fedavg").mkdir()
+    if where == "finished":
+        output.commit()
+        folder = tmp_path / "run"
+        assert json.loads((folder / MARKER).read_text())["entries"] == [
+            "config.json", "fedavg", MARKER, "lambda-per-client-0-0.csv", "metrics.jsonl",
+        ]
+        (folder / "report").mkdir()  # `jaxfl report`'s default folder is jaxfl's too.
+    else:
+        output.keep("interrupted", round=2)
+        folder = staging
+    replaced = OutputDirectory(tmp_path / "run", overwrite=True)  # Only jaxfl's: allowed.
+    replaced.abandon()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "plots").mkdir()
+    with pytest.raises(ConfigError, match=r"jaxfl did not write \(notes.txt, plots\).*move them away"):
+        OutputDirectory(tmp_path / "run", overwrite=True)
+    assert (folder / "notes.txt").read_text() == "mine" and (folder / "metrics.jsonl").exists()
+
+
 def test_leftovers_of_a_killed_run_are_reported_and_resumable(tmp_path):
     killed = OutputDirectory(tmp_path / "run")
     staging = killed.open(rounds=100)
