@@ -131,6 +131,7 @@ def test_token_sequences_are_evaluated_in_fewer_rows_at_once():
         return pack_arrays({"x": x, "y": np.zeros(len(x), np.int32)}, np.array([len(x)]))
 
     assert default_chunk_rows(POPULATION) == CHUNK_ROWS  # Real-valued inputs.
-    for length, rows in ((80, CHUNK_POSITIONS // 80), (20, CHUNK_POSITIONS // 20), (1000, 64), (2, CHUNK_ROWS)):
+    cases = ((80, CHUNK_POSITIONS // 80), (20, CHUNK_POSITIONS // 20), (1000, 64), (2, CHUNK_ROWS))
+    for length, rows in cases:
         assert default_chunk_rows(population(np.ones((3, length), np.int32))) == rows
     assert default_chunk_rows(population(np.ones(3, np.int32))) == CHUNK_ROWS  # One token per example.
