@@ -136,7 +136,9 @@ def make_evaluator(
     `sample` (population name -> ascending client ids,
     `jaxfl.evaluation.sampling.evaluation_sample`) evaluates only those
     clients of the populations it names: summaries are over them, per-client
-    metrics are theirs, with their ids under `client`.
+    metrics are theirs, with their ids under `client`; `sample['train']` also
+    picks the personal models (test client k is training client k's ids
+    under personal splits), with `train=False` too.
     With `train=False` the training clients are not evaluated (no `train_*`
     summaries or rows): where evaluation dominates a run, they are half of it.
     """

@@ -144,20 +144,29 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
 
 
 def evaluation_clients(run_setup: Setup) -> dict[str, np.ndarray]:
-    """Population name -> the clients evaluated (`--eval-clients`), for the populations sampled."""
+    """Population name -> the clients sampled for evaluation (`--eval-clients`), for the populations sampled.
+
+    The training clients' sample is there even with `--no-eval-train`: it
+    picks the personal models that go with the test clients under personal
+    splits (`make_evaluator`).
+    """
     config = run_setup.config
     if config.eval_clients is None:
         return {}
-    sample = evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
-    if not config.eval_train:
-        # Still drawn with the others: under personal splits the test sample is the training one.
+    return evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
+
+
+def _evaluated_sample(run_setup: Setup) -> dict[str, np.ndarray]:
+    """`evaluation_clients` of the populations evaluated."""
+    sample = evaluation_clients(run_setup)
+    if not run_setup.config.eval_train:
         sample.pop("train", None)
     return sample
 
 
 def evaluation_line(run_setup: Setup) -> str | None:
     """What `--eval-clients` and `--no-eval-train` leave out, for the run's header; None: nothing."""
-    sample = evaluation_clients(run_setup)
+    sample = _evaluated_sample(run_setup)
     parts = []
     if sample:
         sizes = population_sizes(run_setup.dataset)
@@ -209,7 +218,7 @@ def run_summary(
     attack = attack_record(config, run_setup.corrupted)
     if attack is not None:
         summary["attack"] = attack
-    sample = evaluation_clients(run_setup)
+    sample = _evaluated_sample(run_setup)
     if sample:
         summary["evaluated_clients"] = {
             name: {"evaluated": int(ids.size), "of": population_sizes(run_setup.dataset)[name]}

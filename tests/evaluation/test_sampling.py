@@ -152,3 +152,17 @@ def test_a_sampled_evaluation_is_the_full_ones_rows_of_those_clients(where):
         np.testing.assert_allclose(
             rows["test"]["personal_error"], full["test"]["personal_error"][sample["test"]]
         )
+
+
+def test_without_training_clients_the_personal_models_still_follow_the_training_sample():
+    # --no-eval-train under personal splits: the test sample is the training one, whose ids pick the
+    # personal models; the run reports only the populations it evaluated.
+    from types import SimpleNamespace
+
+    from jaxfl.experiment.runner import _evaluated_sample, evaluation_clients
+
+    config = SimpleNamespace(eval_clients=4, eval_train=False, seed=3)
+    run = SimpleNamespace(config=config, dataset=_dataset(True))
+    sample = evaluation_clients(run)
+    np.testing.assert_array_equal(sample["train"], sample["test"])
+    assert _evaluated_sample(run).keys() == {"test"}
