@@ -250,3 +250,11 @@ class FederatedDataset:
     input_vocab_size: int | None = None
     excluded_target_ids: tuple[int, ...] = ()
     personal_splits: bool = False
+
+    @property
+    def populations(self) -> dict[str, ClientPopulation]:
+        """Population name -> population: train, test, and validation when there is one."""
+        named = {"train": self.train, "test": self.test}
+        if self.validation is not None:
+            named["validation"] = self.validation
+        return named

@@ -68,11 +68,8 @@ def evaluation_sample(dataset: FederatedDataset, size: int, seed: int) -> dict[s
     they are the training sample's clients, so that a client's personal
     model is evaluated on its own test data.
     """
-    populations = {"train": dataset.train, "test": dataset.test}
-    if dataset.validation is not None:
-        populations["validation"] = dataset.validation
     sample = {}
-    for name, population in populations.items():
+    for name, population in dataset.populations.items():
         if dataset.personal_splits and name != "train" and "train" in sample:
             sample[name] = sample["train"]
             continue

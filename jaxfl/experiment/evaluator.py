@@ -143,13 +143,10 @@ def make_evaluator(
     summaries or rows): where evaluation dominates a run, they are half of it.
     """
     sample = dict(sample or {})
-    populations = {"train": dataset.train} if train else {}
-    populations["test"] = dataset.test
-    if dataset.validation is not None:
-        populations["validation"] = dataset.validation
     populations = {
         name: sampled_population(population, sample[name]) if name in sample else population
-        for name, population in populations.items()
+        for name, population in dataset.populations.items()
+        if train or name != "train"
     }
     on_host = {k: v for k, v in populations.items() if isinstance(v, HostPopulation)}
     on_device = {k: v for k, v in populations.items() if k not in on_host}

@@ -169,22 +169,16 @@ def evaluation_line(run_setup: Setup) -> str | None:
     sample = _evaluated_sample(run_setup)
     parts = []
     if sample:
-        sizes = population_sizes(run_setup.dataset)
-        sampled = ", ".join(f"{ids.size} of {sizes[name]} {name}" for name, ids in sample.items())
+        populations = run_setup.dataset.populations
+        sampled = ", ".join(
+            f"{ids.size} of {populations[name].num_clients} {name}" for name, ids in sample.items()
+        )
         parts.append(f"on a fixed sample of clients (--eval-clients): {sampled}")
     if not run_setup.config.eval_train:
         parts.append("not on the training clients (--no-eval-train)")
     if not parts:
         return None
     return f"evaluation {'; '.join(parts)}; `jaxfl evaluate DIR` evaluates every client of a saved run"
-
-
-def population_sizes(dataset) -> dict[str, int]:
-    """Population name -> its number of clients."""
-    sizes = {"train": dataset.train.num_clients, "test": dataset.test.num_clients}
-    if dataset.validation is not None:
-        sizes["validation"] = dataset.validation.num_clients
-    return sizes
 
 
 def run_summary(
@@ -221,7 +215,7 @@ def run_summary(
     sample = _evaluated_sample(run_setup)
     if sample:
         summary["evaluated_clients"] = {
-            name: {"evaluated": int(ids.size), "of": population_sizes(run_setup.dataset)[name]}
+            name: {"evaluated": int(ids.size), "of": run_setup.dataset.populations[name].num_clients}
             for name, ids in sample.items()
         }
     if diverged:

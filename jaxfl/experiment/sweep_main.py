@@ -219,8 +219,9 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                 output.abandon()
         raise
     print(placement_line(base_setup))
-    if evaluation_line(base_setup) is not None:
-        print(evaluation_line(base_setup))
+    evaluated = evaluation_line(base_setup)
+    if evaluated is not None:
+        print(evaluated)
     _print_rows(rows, grid, total)
     private = [row for row in rows if any(key.startswith("privacy_") for key in row)]
     if private:
