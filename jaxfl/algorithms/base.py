@@ -48,6 +48,8 @@ class ServerState:
         rows and scatters them back.
       aggregator: the server aggregator's state (centered clipping's last
         aggregate), or ().
+      error_feedback: the clients' residual rows of compressed updates,
+        `[R, d]` like `clients` (`jaxfl.communication.compression`), or ().
     """
 
     round: jax.Array
@@ -57,6 +59,7 @@ class ServerState:
     extra: PyTree = ()
     clients: PyTree = ()
     aggregator: PyTree = ()
+    error_feedback: PyTree = ()
 
 
 def own_models(state: ServerState) -> PyTree:

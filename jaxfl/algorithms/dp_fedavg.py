@@ -119,5 +119,5 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
     del options  # None.
     return dp_fedavg(
         engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
-        server_tx=engine.server_tx, robustness=engine.robustness,
+        server_tx=engine.server_tx, robustness=engine.robustness, compression=engine.compression,
     )

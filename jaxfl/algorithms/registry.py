@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from jaxfl.algorithms.base import FederatedAlgorithm
     from jaxfl.algorithms.stages import Robustness
+    from jaxfl.communication import UpdateCompression
     from jaxfl.data.population import ClientPopulation
     from jaxfl.privacy.budget import DpBudget
     from jaxfl.training.local import LocalTraining, Task
@@ -76,6 +77,7 @@ class Engine:
       num_clients: N, the number of training clients (needed by algorithms
         with per-client server state, e.g. AFL's mixture weights).
       robustness: the run's update attack and aggregator, or None.
+      compression: how clients compress their updates, or None.
       personal_validation: validation examples of the N training clients
         (validation client k = training client k), for algorithms that
         choose on them during training (Ditto's dynamic lambda), or None.
@@ -91,15 +93,17 @@ class Engine:
     client_weighting: str
     num_clients: int | None = None
     robustness: Robustness | None = None
+    compression: UpdateCompression | None = None
     personal_validation: ClientPopulation | None = None
 
     def round_options(self) -> dict[str, Any]:
-        """The `RoundOptions` of a composed round: strategy, server optimizer, weighting, robustness."""
+        """The `RoundOptions` of a composed round: strategy, optimizer, weighting, robustness, compression."""
         return dict(
             strategy=self.strategy,
             server_tx=self.server_tx,
             client_weighting=self.client_weighting,
             robustness=self.robustness,
+            compression=self.compression,
         )
 
     def training_clients(self, algorithm: str) -> int:

@@ -117,7 +117,8 @@ def scaffold(
         clients_per_round,
         select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
-            local=local, init_row=stages.zeros_row, correction=correction, finalize=finalize
+            local=local, init_row=stages.zeros_row, correction=correction, finalize=finalize,
+            side_messages=1,  # c down, Delta c_i up.
         ),
         aggregate=stages.AggregateStage(update_state=update_state, init=stages.zeros_row),
         num_clients=num_clients,

@@ -22,7 +22,11 @@ and `plan_key, aggregate_key = split(keys.server)`, runs
    cohort's results: by default the weighted mean of the updates (the run's
    aggregator, `jaxfl.aggregators`, in its place, and the run's update attack
    in front of it, key `fold_in(keys.server, ATTACK_STREAM)`), or the
-   stage's own rule (q-FFL, AFL, FedNova, SCAFFOLD's control variates);
+   stage's own rule (q-FFL, AFL, FedNova, SCAFFOLD's control variates).
+   With the run's update compression (`jaxfl.communication`), every client
+   that reports sends its (possibly forged) update compressed, key
+   `fold_in(keys.server, COMPRESSION_STREAM)`, and every rule reads the
+   decoded updates (a DP rule clips them, so its sensitivity holds);
 4. **server**: an optax transformation fed -Delta (`options['server_tx']`).
 
 Each stage brings its own numeric hyperparameters and their defaults
@@ -63,6 +67,7 @@ from jaxfl.algorithms.base import (
 )
 from jaxfl.algorithms.plans import cohort_losses
 from jaxfl.attacks import attack_updates
+from jaxfl.communication.compression import UpdateCompression, compress_updates, initial_residuals
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortData,
@@ -82,6 +87,8 @@ from jaxfl.types import Key, Metrics, Params, PyTree
 
 # fold_in data of the attack's key (apart from the plan's and aggregation's).
 ATTACK_STREAM = 0x41545441
+# fold_in data of the update compression's key.
+COMPRESSION_STREAM = 0x434F4D50
 
 # Local-training hyperparameters every algorithm takes.
 LOCAL_HPARAM_DEFAULTS = {
@@ -242,6 +249,10 @@ class ClientUpdateStage(NamedTuple):
         `jaxfl.training.cohort.CohortData`); the new rows are stored back
         and `outputs` reach the aggregate stage as `results.outputs`. None:
         rows unchanged.
+      side_messages: model-sized vectors each reporting client receives and
+        sends besides the model and its update (SCAFFOLD's control variates,
+        FedDane's gradients: 1), counted uncompressed in the run's bytes
+        (`jaxfl.communication.traffic`).
       hparam_defaults: the stage's numeric hyperparameters.
     """
 
@@ -254,6 +265,7 @@ class ClientUpdateStage(NamedTuple):
     init_row: InitRow | None = None
     correction: Correction | None = None
     finalize: Finalize | None = None
+    side_messages: int = 0
     hparam_defaults: Mapping[str, float] = {}
 
 
@@ -314,12 +326,14 @@ class RoundOptions(TypedDict, total=False):
       server_tx: the server optimizer (default: SGD with learning rate 1).
       client_weighting: 'num_examples' (default) or 'uniform' data weights
         alpha_i of the cohort.
+      compression: how the reporting clients compress their updates, or None.
     """
 
     strategy: ClientStrategy
     robustness: Robustness | None
     server_tx: optax.GradientTransformation | None
     client_weighting: str
+    compression: UpdateCompression | None
 
 
 class Composition(NamedTuple):
@@ -434,6 +448,7 @@ class _ComposedRound:
         self.aggregator = self.robustness.aggregator
         if self.aggregator is not None and self.aggregator.name == "mean":
             self.aggregator = None  # The round's own weighted mean, bit for bit.
+        self.compression = options.get("compression")
         self.attacked = None
         if self.robustness.attack is not None:
             if self.robustness.attacked is None:
@@ -482,13 +497,22 @@ class _ComposedRound:
                 "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
                 "term, deltafl, ditto)"
             )
+        if self.compression is not None and self.compression.error_feedback:
+            if self.strategy.host_client_state:
+                raise ValueError(
+                    "error feedback keeps its residual rows on the devices; host-resident client state "
+                    "(--client-state host) does not hold them"
+                )
 
     def init(self, params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
         hparams = resolve_hparams(self.hparam_defaults, hparams)
-        clients = ()
+        clients = residuals = ()
         if self.init_row is not None:
             row = self.init_row(params, hparams)
             clients = initial_client_models(row, self.composition.num_clients, self.strategy)
+        if self.compression is not None and self.compression.error_feedback:
+            row = initial_residuals(self.compression, params)
+            residuals = initial_client_models(row, self.compression.num_clients, self.strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
@@ -497,6 +521,7 @@ class _ComposedRound:
             extra=self.init_extra(params),
             clients=clients,
             aggregator=self.aggregator.init(params) if self.aggregator is not None else (),
+            error_feedback=residuals,
         )
 
     def round(
@@ -533,6 +558,10 @@ class _ComposedRound:
                 state = dataclasses.replace(state, extra=client_plan.extra)
         if self.attacked is not None:
             results = self._attack(results, cohort, client_plan, keys.server)
+        residuals = state.error_feedback
+        if self.compression is not None:
+            with jax.named_scope("compress"):
+                results, residuals = self._compress(results, cohort, client_plan, residuals, keys.server)
         with jax.named_scope("aggregate"):
             aggregation = self.aggregate_fn(results, cohort, client_plan, state, aggregate_key)
         with jax.named_scope("server"):
@@ -548,6 +577,7 @@ class _ComposedRound:
             aggregator=(
                 state.aggregator if aggregation.aggregator_state is None else aggregation.aggregator_state
             ),
+            error_feedback=residuals,
         )
         return new_state, metrics
 
@@ -640,6 +670,24 @@ class _ComposedRound:
         )
         return results._replace(deltas=deltas)
 
+    def _compress(self, results, cohort, client_plan, residuals, server_key):
+        """The reporting clients' updates as the server decodes them, and the residual rows (or ())."""
+        uploading = uploading_clients(cohort, client_plan)
+        rows = None
+        if self.compression.error_feedback:
+            rows = client_rows(residuals, cohort.client_ids)
+        deltas, new_rows = compress_updates(
+            self.compression,
+            results.deltas,
+            cohort.client_ids,
+            jax.random.fold_in(server_key, COMPRESSION_STREAM),
+            uploading,
+            rows,
+        )
+        if new_rows is not None:
+            residuals = store_client_rows(residuals, cohort.client_ids, new_rows)
+        return results._replace(deltas=deltas), residuals
+
     def _default_aggregate(self, results, cohort, client_plan, state, key):
         """The weighted mean of the updates, or the run's aggregator, with the stage's weights and state."""
         stage = self.composition.aggregate
@@ -658,6 +706,13 @@ class _ComposedRound:
         return Aggregation(update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state)
 
 
+def uploading_clients(cohort: Cohort, client_plan: ClientPlan) -> jax.Array:
+    """`[M]` bool: the clients that report an update (the plan's active ones; all without a plan)."""
+    if client_plan.active is None:
+        return jnp.ones(cohort.client_ids.shape, bool)
+    return client_plan.active
+
+
 def round_metrics(
     cohort: Cohort, client_plan: ClientPlan, results: CohortResults, aggregation: Aggregation
 ) -> Metrics:
@@ -672,6 +727,8 @@ def round_metrics(
         "update_norm": tree_norm(aggregation.mean_delta),
         "clients_with_weight": jnp.sum(aggregation.weights > 0).astype(jnp.int32),
         "local_steps": jnp.mean(results.num_steps.astype(jnp.float32)),
+        # The clients that sent an update (the run's bytes: jaxfl.communication.traffic).
+        "clients_uploading": jnp.sum(uploading_clients(cohort, client_plan)).astype(jnp.int32),
     }
     if cohort.initial_loss is not None:
         # F(w_t) over the cohort, alpha-weighted: what the plan saw.

@@ -49,6 +49,7 @@ DATA_ATTACK_NAMES = ("random-labels", "label-flip", "label-shift-7", "negate-inp
 UPDATE_ATTACK_NAMES = (
     "random-updates", "model-replacement", "sign-flip", "gaussian", "omniscient", "alie", "ipm",
 )
+COMPRESSOR_NAMES = ("qsgd", "rand-k", "top-k")
 TASK_PRESETS = (
     "shakespeare-fedavg", "shakespeare-deltafl", "emnist-cr", "femnist-leaf", "stackoverflow-nwp",
     "stackoverflow-lr", "cifar100-resnet", "sent140-lstm", "fmnist-dirichlet",
@@ -379,6 +380,28 @@ class RunConfig:
     alie_z: float | None = _field(
         None, "alie attack: z (unset: Baruch et al.'s z from n and f)", optional=True,
     )
+    # Compressed client updates (jaxfl.communication; docs/communication.md).
+    compression: str | None = _field(
+        None, "how clients compress their updates: qsgd (stochastic quantization), rand-k or top-k "
+        "sparsification (unset: float32 updates); every run counts its bytes up and down",
+        choices=COMPRESSOR_NAMES, optional=True,
+    )
+    compression_bits: int = _field(4, "qsgd: bits per quantization level (2^bits - 1 levels)", low=1, high=16)
+    compression_fraction: float = _field(
+        0.01, "rand-k, top-k: share of the update's coordinates sent, in (0, 1]",
+        low=0.0, high=1.0, low_open=True,
+    )
+    compression_bucket: int | None = _field(
+        None, "qsgd: quantize buckets of this many coordinates, each with its own norm (unset: one bucket)",
+        low=1, optional=True,
+    )
+    compression_rotation: bool = _field(
+        False, "apply a randomized Hadamard rotation before compressing (the server undoes it)",
+    )
+    error_feedback: bool = _field(
+        False, "each client keeps what compression dropped and adds it to its next update (one residual "
+        "row per training client)",
+    )
     dp_bins: int = _option(
         "dp_bins",
         "histogram bins b, a power of two in [2, 65536] (deltafl: with --reweighting dp)",
@@ -527,6 +550,7 @@ SECTIONS = (
     ("training", "rounds"),
     ("algorithm settings (each says which algorithms read it)", "theta"),
     ("robust aggregation and attacks", "aggregator"),
+    ("compressed updates", "compression"),
     ("differential privacy", "dp_bins"),
     ("execution", "strategy"),
     ("evaluation", "eval_every"),
@@ -974,6 +998,17 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
             f"lr_decay={config.lr_decay:g} never applies: the first decay is at round "
             f"lr_decay_period={config.lr_decay_period}, and the run has rounds={config.rounds}; ignored"
         )
+    if config.compression is None:
+        for name in ("compression_bits", "compression_fraction", "compression_bucket",
+                     "compression_rotation", "error_feedback"):
+            if name in changed:
+                messages.append(f"{name} is an option of --compression, which is unset; ignored")
+    elif config.compression == "qsgd" and "compression_fraction" in changed:
+        messages.append("compression_fraction is rand-k's and top-k's; qsgd sends every coordinate; ignored")
+    elif config.compression != "qsgd":
+        for name in ("compression_bits", "compression_bucket"):
+            if name in changed:
+                messages.append(f"{name} is qsgd's; {config.compression} does not quantize; ignored")
     if "eval_every" in changed and config.eval_every > config.rounds:
         messages.append(
             f"eval_every={config.eval_every} is more than rounds={config.rounds}: the run is evaluated "

@@ -7,13 +7,15 @@ loss is finite and that so are the per-client rows the state keeps
 (personal models, control variates; the cohort's when they live in host
 memory), and records the first round where one is not (and which), and it
 counts the rounds in which no client got weight (every client a straggler,
-a threshold that filtered everyone: the model did not move).
+a threshold that filtered everyone: the model did not move) and the updates
+clients sent (the round metric `clients_uploading`, from which the run's bytes
+follow: `jaxfl.communication.traffic`).
 
 A differentially private algorithm's run checks only what it releases, the
 parameters (`released_only`): its training loss and round metrics are
 functions of the clients' data outside the privacy accounting, so they must
 not decide a visible stop.
-The host reads these three integers only when it stops anyway (at an
+The host reads these integers only when it stops anyway (at an
 evaluation or a checkpoint), so the check costs no round trip per round.
 
 A run whose health says diverged stops with a one-line message, exit status
@@ -53,17 +55,19 @@ class RunHealth(NamedTuple):
       diverged_round: the first round (1-based) whose outcome failed a check; -1 if none.
       quantity: which check it failed (a key of `QUANTITIES`); 0 if none.
       rounds_without_weight: rounds in which no client got weight.
+      client_uploads: updates sent by clients so far (0 for a round that
+        does not report `clients_uploading`).
     """
 
     diverged_round: jax.Array
     quantity: jax.Array
     rounds_without_weight: jax.Array
+    client_uploads: jax.Array
 
 
 def initial_health() -> RunHealth:
-    return RunHealth(
-        jnp.asarray(-1, jnp.int32), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32)
-    )
+    # Four buffers: the carry is donated, and one buffer cannot be donated twice.
+    return RunHealth(*(jnp.asarray(value, jnp.int32) for value in (-1, 0, 0, 0)))
 
 
 def _finite_and_bounded(tree: Any) -> tuple[jax.Array, jax.Array]:
@@ -108,6 +112,7 @@ def check_round(
         diverged_round=jnp.where(first, round_number.astype(jnp.int32), health.diverged_round),
         quantity=jnp.where(first, quantity, health.quantity),
         rounds_without_weight=health.rounds_without_weight + empty.astype(jnp.int32),
+        client_uploads=health.client_uploads + jnp.asarray(metrics.get("clients_uploading", 0), jnp.int32),
     )
 
 

@@ -17,6 +17,9 @@ for every algorithm or sweep point:
   one axes (where a curve crosses 0.9 is its 90th percentile);
 * `error_vs_client_size.png`: each test client's error against its number of
   examples, one panel per run (Pillutla et al. 2023, Figure 4);
+* `error_vs_bytes.png`, where a run compressed its updates (`--compression`):
+  the mean and 90th percentile test error against the bytes clients sent so
+  far, every run that counted them on the same axes;
 
 and `index.html`, one self-contained page (the PNGs embedded as data URIs, no
 script, no external request) with the final test-error summary of every run.
@@ -69,6 +72,7 @@ FIGURES = (
     "client_error_histogram.png",
     "client_error_cdf.png",
     "error_vs_client_size.png",
+    "error_vs_bytes.png",
 )
 PAGE = "index.html"
 # Marks a folder as written by `jaxfl report`, so that it may be rewritten.
@@ -444,6 +448,20 @@ def curve(run: RunResults, group: str, statistic: str) -> tuple[np.ndarray, np.n
     return np.asarray(rounds, np.float64), np.asarray(values, np.float64)
 
 
+def bytes_curve(run: RunResults, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """`(bytes_up [R], test error [R])`: the test error's `statistic` against the bytes clients had sent
+    (`metrics.jsonl`'s `bytes_up`) at each evaluation holding both."""
+    sent, values = [], []
+    for record in run.evaluations:
+        summary = record.get("test_error")
+        value = _number(summary.get(statistic)) if isinstance(summary, dict) else math.nan
+        up = _number(record.get("bytes_up"))
+        if math.isfinite(value) and math.isfinite(up):
+            sent.append(up)
+            values.append(value)
+    return np.asarray(sent, np.float64), np.asarray(values, np.float64)
+
+
 def client_errors(run: RunResults, population: str = "test") -> np.ndarray:
     """`[N]` final per-client errors (fractions) of `population`, finite ones only."""
     table = run.clients.get(population)
@@ -650,6 +668,34 @@ def draw_learning_curves(runs: Sequence[RunResults], colors: Sequence[Any]):
     return figure
 
 
+def draw_error_by_bytes(runs: Sequence[RunResults], colors: Sequence[Any]):
+    """Mean and p90 test error (%) against the bytes sent up: a Figure, or None where no run compressed
+    its updates (or none counted its bytes)."""
+    if not any((run.config or {}).get("compression") for run in runs):
+        return None
+    Figure, _ = _matplotlib()
+    figure = Figure(figsize=(10, 4.2), layout="constrained")
+    axes = figure.subplots(1, 2)
+    drawn = False
+    for run, color in zip(runs, colors, strict=True):
+        for ax, statistic in zip(axes, ("mean", "p90"), strict=True):
+            sent, values = bytes_curve(run, statistic)
+            if sent.size:
+                ax.plot(sent / 1e6, 100 * values, color=color, lw=1.5, label=_legend_label(run),
+                        marker="o" if sent.size <= 25 else None, ms=3)
+                drawn = True
+    if not drawn:
+        return None
+    for ax, title in zip(axes, ("mean test error", "90th percentile of the test clients' error"), strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("MB sent by clients")
+        ax.set_ylabel("test error (%)")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5), frameon=False)
+    return figure
+
+
 def _panel_grid(Figure, count: int, *, sharex: bool = True):
     columns = min(count, 4)
     rows = math.ceil(count / columns)
@@ -782,6 +828,11 @@ _CAPTIONS = {
         "Test error against client size",
         "Final error of each test client against the number of examples it holds (Pillutla et al. 2023, "
         "Figure 4).",
+    ),
+    "error_vs_bytes.png": (
+        "Test error against communication",
+        "Mean and 90th percentile of the test clients' error against the megabytes clients had sent by "
+        "each evaluation (compressed updates where a run compressed them; metrics.jsonl's bytes_up).",
     ),
 }
 
@@ -942,6 +993,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike | Non
         "client_error_histogram.png": draw_error_histograms,
         "client_error_cdf.png": draw_error_cdfs,
         "error_vs_client_size.png": draw_error_by_size,
+        "error_vs_bytes.png": draw_error_by_bytes,
     }
     figures: dict[str, bytes] = {}
     for name, draw in drawers.items():

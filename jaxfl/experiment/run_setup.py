@@ -28,6 +28,7 @@ from jaxfl.algorithms.registry import (
     hparam_fields,
     setting_users,
 )
+from jaxfl.communication import Traffic, UpdateCompression, round_traffic
 from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import load_dataset
@@ -55,6 +56,8 @@ class Setup:
     ignored_settings: tuple[str, ...] = ()  # set, but no chosen algorithm uses them
     placement: Placement | None = None  # where the training clients' examples live
     corrupted: np.ndarray | None = None  # [N] bool: the attack's corrupted training clients
+    # algorithm name -> the bytes of its messages (None: not counted; jaxfl.communication.traffic)
+    traffic: dict[str, Traffic | None] = dataclasses.field(default_factory=dict)
 
 
 def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
@@ -91,6 +94,24 @@ def choose_local_loop(text: str) -> str:
     if backend == "gpu":
         return "fused"
     return "scan" if backend == "tpu" else "while"
+
+
+def run_compression(config: RunConfig, num_clients: int) -> UpdateCompression | None:
+    """The run's update compression (`--compression` and its options), or None."""
+    if config.compression is None:
+        return None
+    try:
+        return UpdateCompression(
+            config.compression,
+            bits=config.compression_bits,
+            fraction=config.compression_fraction,
+            bucket_size=config.compression_bucket if config.compression == "qsgd" else None,
+            rotation=config.compression_rotation,
+            error_feedback=config.error_feedback,
+            num_clients=num_clients if config.error_feedback else None,
+        )
+    except ValueError as error:
+        raise ConfigError(f"compression: {error}") from None
 
 
 def run_server_optimizer(config: RunConfig):
@@ -301,6 +322,7 @@ def setup(config: RunConfig) -> Setup:
         client_weighting=config.client_weighting,
         num_clients=num_train,
         robustness=robustness,
+        compression=run_compression(config, num_train),
         personal_validation=personal_validation_examples(config, dataset),
     )
     # Before anything of the round is allocated (docs/reliability.md).
@@ -315,6 +337,11 @@ def setup(config: RunConfig) -> Setup:
             )
         except ValueError as error:
             raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
+        if engine.compression is not None and algorithms[name].composition is None:
+            raise ConfigError(
+                f"{name} writes its own round, which sends its updates uncompressed: --compression applies "
+                "to the composed rounds of the other algorithms"
+            )
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
         privacy = algorithm_spec(name).privacy
         if privacy is not None:
@@ -334,7 +361,9 @@ def setup(config: RunConfig) -> Setup:
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
         warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
-    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted)
+    model_shape = jax.eval_shape(model.init, jax.random.key(0))
+    traffic = {name: round_traffic(algorithm, model_shape) for name, algorithm in algorithms.items()}
+    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
 
 
 def placement_line(run_setup: Setup) -> str:

@@ -188,11 +188,13 @@ def run_summary(
     rounds_without_weight: int,
     diverged: dict[str, Any] | None,
     hparams: Any,
+    client_uploads: int = 0,
 ) -> dict[str, Any]:
     """The summary of one run (or sweep point) of `name`: its evaluation summaries, then what it ran as.
 
     `diverged` says where a run diverged (None: it finished); `hparams`
-    the run's hyperparameters (`state.hparams`, device or host arrays).
+    the run's hyperparameters (`state.hparams`, device or host arrays);
+    `client_uploads` the updates its clients sent (`RunHealth.client_uploads`).
     """
     config, strategy = run_setup.config, run_setup.engine.strategy
     summary = {
@@ -222,11 +224,28 @@ def run_summary(
         summary["diverged"] = diverged
     # A single run stops where divergence was seen; a sweep point goes on with the others.
     rounds_done = (diverged or {}).get("detected_at_round", config.rounds)
+    traffic = run_setup.traffic.get(name)
+    if traffic is not None:
+        summary.update(traffic.record(rounds_done, client_uploads))
+        if traffic.compression is not None:
+            summary["compression"] = traffic.compression
     hparams = {k: float(v) for k, v in jax.device_get(hparams).items()}
     privacy = privacy_spent(run_setup, name, hparams, rounds_done)
     if privacy is not None:
         summary["privacy"] = privacy
     return summary
+
+
+def traffic_fields(run_setup: Setup, name: str, round_index: int, client_uploads: Any) -> dict[str, int]:
+    """`bytes_up`, `bytes_down` and `client_uploads` of `name` after `round_index` rounds.
+
+    `client_uploads` is the count so far (a device or host integer); {} for an
+    algorithm whose messages are not counted.
+    """
+    traffic = run_setup.traffic.get(name)
+    if traffic is None:
+        return {}
+    return traffic.record(round_index, int(jax.device_get(client_uploads)))
 
 
 def timing_fields(timing: LoopTiming, num_rounds_per_call: int, start_round: int) -> dict[str, Any]:
@@ -311,7 +330,7 @@ def run_algorithm(
     if progress is not None and start_round:
         progress.update(start_round)
 
-    def on_evaluate(round_index, state, metrics):
+    def on_evaluate(round_index, state, metrics, health):
         if progress is not None:
             progress.set_postfix_str("evaluating")  # It can take longer than the rounds between.
         summaries, clients = evaluate(state.params, personal_models(algorithm, state))
@@ -319,6 +338,7 @@ def run_algorithm(
         record = {
             "algorithm": name,
             "round": round_index,
+            **traffic_fields(run_setup, name, round_index, health.client_uploads),
             "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
             **summaries,
         }
@@ -365,7 +385,7 @@ def run_algorithm(
         timing = LoopTiming(0.0, 0.0, 0.0, 0)
     summary = run_summary(
         run_setup, name, latest["summaries"], int(health["rounds_without_weight"]), diverged,
-        run_setup.hparams[name] if state is None else state.hparams,
+        run_setup.hparams[name] if state is None else state.hparams, int(health["client_uploads"]),
     )
     if diverged:
         summary["evaluated_round"] = history[-1]["round"] if history else None

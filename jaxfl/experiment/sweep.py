@@ -58,6 +58,7 @@ from jaxfl.experiment.runner import (
     rounds_per_call,
     run_summary,
     timing_fields,
+    traffic_fields,
     training_input,
     training_loop,
 )
@@ -279,9 +280,10 @@ def run_sweep(
                 for population, values in batch_clients.items()
             }
 
-    def on_evaluate(round_index, states, metrics):
+    def on_evaluate(round_index, states, metrics, health):
         evaluate_points(states.params, jax.vmap(algorithm.personal_models)(states))
         round_metrics = jax.device_get(metrics)
+        uploads = jax.device_get(health.client_uploads)
         for g, point in enumerate(points):
             record = {
                 "algorithm": name,
@@ -289,6 +291,7 @@ def run_sweep(
                 "hparams": dict(point.hparams),
                 "seed": point.seed,
                 "round": round_index,
+                **traffic_fields(run_setup, name, round_index, uploads[g]),
                 "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
                 **summaries[g],
             }
@@ -326,7 +329,7 @@ def run_sweep(
             run_setup, name, summaries[g], int(health["rounds_without_weight"][g]),
             divergence(health, g)
             or (None if finite_after_training[g] else {"round": config.rounds, "quantity": AFTER_TRAINING}),
-            state.hparams,
+            state.hparams, int(health["client_uploads"][g]),
         )
         summary.update(hparams=dict(point.hparams), seed=point.seed, sweep_points=len(points))
         results.append(RunResult(name, state, histories[g], summary, clients[g], timing_record))

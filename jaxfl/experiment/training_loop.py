@@ -238,7 +238,7 @@ def training_loop(
     host-resident one (each call then gets its rounds' gathered cohorts).
     Calls are dispatched without waiting for each other (nothing goes back
     to the host between evaluations and checkpoints) except where
-    `must_sync_each_round`. `on_evaluate(round_index, state, metrics)` runs
+    `must_sync_each_round`. `on_evaluate(round_index, state, metrics, health)` runs
     after the evaluation rounds and the last one; its time is counted apart.
 
     Between calls the loop saves a checkpoint when `checkpointing` says it is
@@ -313,7 +313,7 @@ def _training_loop(
             _check_health(carry, round_index, stop_on_divergence)
         if evaluating:
             evaluation_start = time.perf_counter()
-            on_evaluate(round_index, carry[0], metrics)
+            on_evaluate(round_index, carry[0], metrics, carry[1])
             evaluation_s += time.perf_counter() - evaluation_start
         if saving:
             save_start = time.perf_counter()

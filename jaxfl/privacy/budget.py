@@ -372,6 +372,8 @@ def not_private_outputs(settings: Any) -> list[str]:
     count = [] if getattr(settings, "dp_count", "fixed") == "exact" else [
         "metrics.jsonl round_metrics.clients_with_weight (m_t, the clients that passed the threshold)",
         "summary.json rounds_without_weight (the rounds with m_t = 0)",
+        "metrics.jsonl round_metrics.clients_uploading, and client_uploads, bytes_up and bytes_down in "
+        "metrics.jsonl and summary.json (the clients that sent an update: m_t where a threshold picks them)",
     ]
     return [
         "metrics.jsonl round_metrics other than threshold and update_norm (the released update's): "

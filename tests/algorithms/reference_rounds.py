@@ -126,6 +126,7 @@ def reference_rounds(
     mu=0.0,
     plan=None,
     aggregate=None,
+    compress=None,
     population=POPULATION,
 ):
     """Rounds of the template in NumPy float64, one client at a time.
@@ -147,6 +148,8 @@ def reference_rounds(
         [M] coefficients c` with w_{t+1} = w_t + sum_k c_k delta_k, where
         deltas are (kernel, bias) pairs; default: the normalized plan
         weights (alpha if none) of the clients that trained.
+      compress: `compress(ids, deltas, active, memory) -> deltas`, what the
+        server receives in place of the clients' updates, or None.
       population: the clients.
 
     Returns:
@@ -207,6 +210,8 @@ def reference_rounds(
                     mu=mu,
                 )
             deltas.append((k - kernel, b - bias))
+        if compress is not None:
+            deltas = compress(ids, deltas, active, memory)
         if aggregate is None:
             weights = np.asarray(decision.get("weights", alpha), np.float64)
             coefficients = normalized(np.where(active, weights, 0.0))
