@@ -318,6 +318,22 @@ def timing_text(timing: dict[str, Any]) -> str:
     return f"{first}, later rounds {training:.1f} s, evaluation {timing.get('evaluation_s', 0.0):.1f} s"
 
 
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.3g} MB"
+
+
+def traffic_text(summary: dict) -> str | None:
+    """'X MB sent up (code: Y bytes per update, Z times smaller), W MB down', or None without a count."""
+    if "bytes_up" not in summary:
+        return None
+    text = f"{_megabytes(summary['bytes_up'])} sent up"
+    code = summary.get("compression")
+    if code is not None:
+        ratio = code["uncompressed_update_bytes"] / code["update_bytes"]
+        text += f" ({code['compressor']}: {code['update_bytes']:,} bytes per update, {ratio:.3g}x smaller)"
+    return f"{text}, {_megabytes(summary['bytes_down'])} down"
+
+
 def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) -> None:
     finished = {name: r.summary for name, r in results.items() if not r.diverged}
     if finished:
@@ -329,6 +345,11 @@ def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) 
         speed = result.timing.get("rounds_per_s")
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
         print(f"{name}: {speed_text}; {timing_text(result.timing)}")
+    if config.compression is not None:
+        for name, result in results.items():
+            line = traffic_text(result.summary)
+            if line is not None:
+                print(f"{name}: {line}")
     private = [name for name, result in results.items() if "privacy" in result.summary]
     for name in private:
         privacy = results[name].summary["privacy"]
