@@ -9,7 +9,7 @@ FedAvg, the backend's default strategy) and times the compiled call of
 settings are alternated within each repeat, so that the machine's drift hits
 all of them; the figure reported is each setting's median seconds per round,
 and its ratio to the uncompressed round's median. Two models: the CLI's
-default (linear, d = 210) and an MLP of two hidden layers of 256 (d = 84,483),
+default (linear, d = 210) and an MLP of two hidden layers of 256 (d = 73,738),
 where compression's work per client grows with d.
 """
 
