@@ -50,6 +50,8 @@ class ServerState:
         aggregate), or ().
       error_feedback: the clients' residual rows of compressed updates,
         `[R, d]` like `clients` (`jaxfl.communication.compression`), or ().
+      clock: float32 [] simulated seconds since the run started
+        (`jaxfl.clock`), or () without a clock.
     """
 
     round: jax.Array
@@ -60,6 +62,7 @@ class ServerState:
     clients: PyTree = ()
     aggregator: PyTree = ()
     error_feedback: PyTree = ()
+    clock: PyTree = ()
 
 
 def own_models(state: ServerState) -> PyTree:

@@ -67,7 +67,9 @@ from jaxfl.algorithms.base import (
 )
 from jaxfl.algorithms.plans import cohort_losses
 from jaxfl.attacks import attack_updates
-from jaxfl.communication.compression import UpdateCompression, compress_updates, initial_residuals
+from jaxfl.clock.reporting import Clock, reports, select_online
+from jaxfl.communication.compression import UpdateCompression, compress_updates, initial_residuals, model_size
+from jaxfl.communication.traffic import model_bytes
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortData,
@@ -327,6 +329,9 @@ class RoundOptions(TypedDict, total=False):
       client_weighting: 'num_examples' (default) or 'uniform' data weights
         alpha_i of the cohort.
       compression: how the reporting clients compress their updates, or None.
+      clock: the simulated clock (availability, devices, over-selection and
+        the report deadline; `jaxfl.clock.reporting`), or None: every sampled
+        client reports, and rounds take no time.
     """
 
     strategy: ClientStrategy
@@ -334,6 +339,7 @@ class RoundOptions(TypedDict, total=False):
     server_tx: optax.GradientTransformation | None
     client_weighting: str
     compression: UpdateCompression | None
+    clock: Clock | None
 
 
 class Composition(NamedTuple):
@@ -449,6 +455,8 @@ class _ComposedRound:
         if self.aggregator is not None and self.aggregator.name == "mean":
             self.aggregator = None  # The round's own weighted mean, bit for bit.
         self.compression = options.get("compression")
+        self.clock = options.get("clock")
+        self.cohort_size = c.clients_per_round if self.clock is None else self.clock.selected(c.clients_per_round)
         self.attacked = None
         if self.robustness.attack is not None:
             if self.robustness.attacked is None:
@@ -497,6 +505,21 @@ class _ComposedRound:
                 "the algorithms that average weighted updates (fedavg, fedprox, fedavg-sub, fedsgd, "
                 "term, deltafl, ditto)"
             )
+        if self.clock is not None:
+            reads_everyone = [
+                what for what, present in (
+                    ("its own aggregation rule", c.aggregate.aggregate is not None),
+                    ("its server state's update", c.aggregate.update_state is not None),
+                    ("per-client rows", c.client_update.init_row is not None),
+                    ("a personal stage", c.personal is not None),
+                ) if present
+            ]  # fmt: skip
+            if reads_everyone:
+                raise ValueError(
+                    f"{c.name} has {reads_everyone[0]}, which reads every selected client's training; the clock "
+                    "drops clients after they trained (fedavg, fedprox, fedavg-sub, fedsgd, term, deltafl, "
+                    "feddane and perfedavg run on it)"
+                )
         if self.compression is not None and self.compression.error_feedback:
             if self.strategy.host_client_state:
                 raise ValueError(
@@ -522,6 +545,7 @@ class _ComposedRound:
             clients=clients,
             aggregator=self.aggregator.init(params) if self.aggregator is not None else (),
             error_feedback=residuals,
+            clock=jnp.zeros((), jnp.float32) if self.clock is not None else (),
         )
 
     def round(
@@ -533,7 +557,19 @@ class _ComposedRound:
         plan_key, aggregate_key = jax.random.split(keys.server)
         # Named scopes label each phase's kernels in profiles (benchmarks/round_profile.py).
         with jax.named_scope("select"):
-            cohort_data = select_cohort(keys.sampling, population, c.clients_per_round)
+            selection = None
+            if self.clock is None:
+                cohort_data = select_cohort(keys.sampling, population, c.clients_per_round)
+            else:
+                if isinstance(population, GatheredCohort):
+                    raise ValueError(
+                        "the clock selects among the clients online in the round, on the device; a host-resident "
+                        "population's cohorts are drawn ahead of it"
+                    )
+                selection = select_online(
+                    self.clock, state.clock, keys.sampling, population.num_clients, self.cohort_size
+                )
+                cohort_data = CohortData(selection.client_ids, population, selection.client_ids)
             cohort = Cohort(
                 cohort_data.client_ids,
                 cohort_data.population.cohort_weights(self.client_weighting, cohort_data.slots),
@@ -543,6 +579,8 @@ class _ComposedRound:
         )
         with jax.named_scope("plan"):
             cohort, client_plan, state = self._plan(state, cohort, cohort_data, plan_key, single_pass)
+            if selection is not None:
+                client_plan = _only(client_plan, selection.selected)
         with jax.named_scope("client_update"):
             results, clients, personal_metrics = self._update_clients(
                 state, cohort, cohort_data, client_plan, keys.clients, population, single_pass
@@ -556,6 +594,12 @@ class _ComposedRound:
                 raise ValueError(f"{c.name}: a plan that sets epochs cannot run after training")
             if client_plan.extra is not None:
                 state = dataclasses.replace(state, extra=client_plan.extra)
+            if selection is not None:
+                client_plan = _only(client_plan, selection.selected)
+        clock = state.clock
+        if selection is not None:
+            with jax.named_scope("clock"):
+                client_plan, clock = self._reports(state, selection, client_plan, results)
         if self.attacked is not None:
             results = self._attack(results, cohort, client_plan, keys.server)
         residuals = state.error_feedback
@@ -578,6 +622,7 @@ class _ComposedRound:
                 state.aggregator if aggregation.aggregator_state is None else aggregation.aggregator_state
             ),
             error_feedback=residuals,
+            clock=clock,
         )
         return new_state, metrics
 
@@ -670,6 +715,25 @@ class _ComposedRound:
         )
         return results._replace(deltas=deltas)
 
+    def _reports(self, state, selection, client_plan, results):
+        """The plan keeping only the clients that report by the deadline, and the time the round ends."""
+        size = model_bytes(state.params)
+        upload = size
+        if self.compression is not None:
+            upload = -(-self.compression.encoded_bits(model_size(state.params)) // 8)
+        side = self.composition.client_update.side_messages * size
+        outcome = reports(
+            self.clock,
+            selection,
+            uploading_clients(Cohort(selection.client_ids, None), client_plan),
+            results.num_steps,
+            self.composition.clients_per_round,
+            size + side,
+            upload + side,
+        )
+        metrics = {**(client_plan.metrics or {}), **outcome.metrics}
+        return client_plan._replace(active=outcome.reporting, metrics=metrics), selection.start + outcome.seconds
+
     def _compress(self, results, cohort, client_plan, residuals, server_key):
         """The reporting clients' updates as the server decodes them, and the residual rows (or ())."""
         uploading = uploading_clients(cohort, client_plan)
@@ -695,6 +759,8 @@ class _ComposedRound:
             weights, extra, metrics = default_weights(cohort, client_plan), state.extra, {}
         else:
             weights, extra, metrics = stage.reweight(results, cohort.alpha, state, key)
+            if client_plan.active is not None:  # Clients that did not report (the clock's) weigh nothing.
+                weights = jnp.where(client_plan.active, weights, 0.0)
         if stage.update_state is not None:
             extra = stage.update_state(results, cohort, state)
         if self.aggregator is None:
@@ -704,6 +770,12 @@ class _ComposedRound:
             results.deltas, weights, state.aggregator, losses=losses
         )
         return Aggregation(update, weights, extra, {**metrics, **aggregator_metrics}, aggregator_state)
+
+
+def _only(client_plan: ClientPlan, selected: jax.Array) -> ClientPlan:
+    """The plan with the clients not selected (offline padding of the clock's cohort) inactive."""
+    active = selected if client_plan.active is None else client_plan.active & selected
+    return client_plan._replace(active=active)
 
 
 def uploading_clients(cohort: Cohort, client_plan: ClientPlan) -> jax.Array:

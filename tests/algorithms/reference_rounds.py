@@ -127,6 +127,7 @@ def reference_rounds(
     plan=None,
     aggregate=None,
     compress=None,
+    select=None,
     population=POPULATION,
 ):
     """Rounds of the template in NumPy float64, one client at a time.
@@ -150,6 +151,8 @@ def reference_rounds(
         weights (alpha if none) of the clients that trained.
       compress: `compress(ids, deltas, active, memory) -> deltas`, what the
         server receives in place of the clients' updates, or None.
+      select: `select(round, sampling key, memory) -> ids`, the cohort in
+        place of `sample_cohort`'s, or None.
       population: the clients.
 
     Returns:
@@ -162,7 +165,10 @@ def reference_rounds(
     memory, history = {}, []
     for r in range(num_rounds):
         keys = round_keys(key, jnp.int32(r))
-        ids = np.asarray(_sample_cohort(keys.sampling, population, clients_per_round))
+        if select is None:
+            ids = np.asarray(_sample_cohort(keys.sampling, population, clients_per_round))
+        else:
+            ids = np.asarray(select(r, keys.sampling, memory))
         alpha = (
             counts[ids].astype(np.float64)
             if weighting == "num_examples"

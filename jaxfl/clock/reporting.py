@@ -1,0 +1,163 @@
+"""A synchronous round on the simulated clock: who is selected, who reports by the deadline, how long it takes.
+
+At simulated time t (the state's `clock`; if no client is online then, the
+next time one is) the server selects M' = ceil(overselect * M) of the online
+clients, uniformly without replacement (all online ones where fewer are). Each
+selected client i that its algorithm lets train takes `duration_i`
+(`jaxfl.clock.profiles.client_durations`) and completes unless
+
+* it goes offline first: t + duration_i > its `online_until` (a dropout), or
+* the report deadline D passes first: duration_i > D.
+
+The first M clients to complete report; the others' updates are discarded
+(over-selection with a reporting deadline, Bonawitz et al. 2019, Section
+2.1: select 130%, keep the first 100%). The round then lasts
+
+* the M-th report's duration, when M clients report;
+* else D, with a deadline (the server waits it out);
+* else until the last selected client has completed or dropped.
+
+So dropouts follow from the devices' speeds and availability, not from a
+coin. The next round starts when this one ends.
+
+References:
+  [Bonawitz et al. 2019] K. Bonawitz et al. Towards Federated Learning at Scale: System Design.
+    MLSys 2019.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxfl.clock.availability import Availability, next_online, online, online_until
+from jaxfl.clock.profiles import DeviceProfiles, client_durations
+
+
+@dataclasses.dataclass(frozen=True)
+class Clock:
+    """The simulated clock of a run's rounds (static: a round is compiled for it).
+
+    Attributes:
+      profiles: the training clients' devices.
+      availability: their online windows, or None: always online.
+      overselect: select ceil(overselect * M) clients for M reports, >= 1.
+      deadline: seconds the server waits for reports, or None: no deadline.
+    """
+
+    profiles: DeviceProfiles
+    availability: Availability | None = None
+    overselect: float = 1.0
+    deadline: float | None = None
+
+    def __post_init__(self):
+        if not (math.isfinite(self.overselect) and self.overselect >= 1.0):
+            raise ValueError(f"overselect must be >= 1 (select at least the clients that report), got {self.overselect!r}")
+        if self.deadline is not None and not (math.isfinite(self.deadline) and self.deadline > 0):
+            raise ValueError(f"the report deadline must be a positive number of seconds, got {self.deadline!r}")
+
+    def selected(self, clients_per_round: int) -> int:
+        """M', the clients selected for M reports."""
+        return math.ceil(self.overselect * clients_per_round - 1e-9)
+
+
+class Selection(NamedTuple):
+    """The round's selected clients on the clock.
+
+    Attributes:
+      start: [] the round's start time.
+      client_ids: `[M']` the selected clients (padded with offline ones where fewer are online).
+      selected: `[M']` bool, the entries that are online clients.
+      online_count: [] int32, the clients online at `start`.
+    """
+
+    start: jax.Array
+    client_ids: jax.Array
+    selected: jax.Array
+    online_count: jax.Array
+
+
+def select_online(clock: Clock, t: jax.Array, key: jax.Array, num_clients: int, count: int) -> Selection:
+    """`count` of the clients online at t (or at the next time one is), uniformly without replacement.
+
+    Gumbel top-k over the online clients: each k-subset of them is equally
+    likely; where fewer than `count` are online, all are selected and the
+    rest of the entries are offline clients marked not selected.
+    """
+    if clock.availability is None:
+        is_online = jnp.ones(num_clients, bool)
+    else:
+        t = next_online(clock.availability, t)
+        is_online = online(clock.availability, t)
+    scores = jnp.where(is_online, jax.random.gumbel(key, (num_clients,)), -jnp.inf)
+    _, client_ids = jax.lax.top_k(scores, count)
+    return Selection(t, client_ids.astype(jnp.int32), is_online[client_ids], jnp.sum(is_online).astype(jnp.int32))
+
+
+class Reports(NamedTuple):
+    """Who reports and when the round ends.
+
+    Attributes:
+      reporting: `[M']` bool, the clients whose updates the server keeps.
+      seconds: [] the round's duration.
+      metrics: `round_seconds`, `clients_online`, `clients_dropped` (selected,
+        training, and not reporting: offline, past the deadline or not among
+        the first M).
+    """
+
+    reporting: jax.Array
+    seconds: jax.Array
+    metrics: dict
+
+
+def reports(
+    clock: Clock,
+    selection: Selection,
+    training: jax.Array,
+    num_steps: jax.Array,
+    clients_per_round: int,
+    download_bytes: int,
+    upload_bytes: int,
+) -> Reports:
+    """The first `clients_per_round` selected training clients to complete (see the module docstring).
+
+    Args:
+      clock: the clock.
+      selection: `select_online`'s.
+      training: `[M']` bool, the clients the algorithm let train.
+      num_steps: `[M']` the local steps each ran.
+      clients_per_round: M, the reports the server waits for.
+      download_bytes, upload_bytes: a client's messages.
+    """
+    ids = selection.client_ids
+    durations = client_durations(clock.profiles, ids, num_steps, download_bytes, upload_bytes)
+    candidates = selection.selected & training
+    if clock.availability is None:
+        offline_at = jnp.full(durations.shape, jnp.inf)
+    else:
+        offline_at = online_until(clock.availability, selection.start)[ids] - selection.start
+    completes = candidates & (durations <= offline_at)
+    if clock.deadline is not None:
+        completes &= durations <= clock.deadline
+    # The first M to complete; ties go to the earlier entry.
+    kept = min(clients_per_round, durations.shape[0])
+    _, first = jax.lax.top_k(jnp.where(completes, -durations, -jnp.inf), kept)
+    reporting = jnp.zeros(durations.shape, bool).at[first].set(completes[first])
+    count = jnp.sum(reporting)
+    last_report = jnp.max(jnp.where(reporting, durations, 0.0))
+    if clock.deadline is not None:
+        waited = jnp.float32(clock.deadline)
+    else:
+        # Until every selected client has completed or gone offline.
+        waited = jnp.max(jnp.where(candidates, jnp.minimum(durations, offline_at), 0.0))
+    seconds = jnp.where(count >= clients_per_round, last_report, waited)
+    metrics = {
+        "round_seconds": seconds,
+        "clients_online": selection.online_count,
+        "clients_dropped": jnp.sum(candidates & ~reporting).astype(jnp.int32),
+    }
+    return Reports(reporting, seconds, metrics)
