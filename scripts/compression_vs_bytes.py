@@ -9,7 +9,9 @@ test clients, once per compressor and seed:
 * `qsgd-4`, `qsgd-2-b512`: QSGD (Alistarh et al. 2017) with 4 bits per level,
   or 2 bits in buckets of 512 coordinates;
 * `rand-k-10%` and `top-k-1%` (Stich et al. 2018; Aji and Heafield 2017),
-  each without and with error feedback (Karimireddy et al. 2019).
+  each without and with error feedback (Karimireddy et al. 2019), and
+  `qsgd-2-b512` with it (with error feedback the unbiased compressors are
+  scaled to contractions: docs/communication.md).
 
 What the papers lead one to expect: QSGD near the uncompressed accuracy at a
 fraction of the bytes; top-k without error feedback biased and worse, error
@@ -52,6 +54,9 @@ COMPRESSORS = {
     "none": [],
     "qsgd-4": ["--compression", "qsgd", "--compression-bits", "4"],
     "qsgd-2-b512": ["--compression", "qsgd", "--compression-bits", "2", "--compression-bucket", "512"],
+    "qsgd-2-b512 + EF": [
+        "--compression", "qsgd", "--compression-bits", "2", "--compression-bucket", "512", "--error-feedback",
+    ],
     "rand-k-10%": ["--compression", "rand-k", "--compression-fraction", "0.1"],
     "rand-k-10% + EF": ["--compression", "rand-k", "--compression-fraction", "0.1", "--error-feedback"],
     "top-k-1%": ["--compression", "top-k", "--compression-fraction", "0.01"],

@@ -20,12 +20,24 @@ Unbiased compressors (qsgd, rand-k, with or without rotation) keep E C(x) = x,
 so the mean of the decoded updates is an unbiased estimate of the mean update;
 top-k is biased and meant for error feedback.
 
+Error feedback needs a contraction, E ||C(x) - x||^2 <= (1 - delta) ||x||^2
+(the delta-approximate compressors of Karimireddy et al. 2019): top-k is one
+(delta = k / d); an unbiased compressor of variance omega ||x||^2 is not when
+omega >= 1 (rand-k's d / k - 1: the residual would grow each round), but
+C / (1 + omega) is, with delta = 1 / (1 + omega). So with error feedback
+rand-k sends its k coordinates unscaled (the memory SGD of Stich et al. 2018)
+and qsgd's decoded values are divided by 1 + omega, omega = min(b / s^2,
+sqrt(b) / s) for buckets of b coordinates and s levels (Alistarh et al. 2017,
+Lemma 3.1).
+
 Only the clients that upload compress: a client the plan left out keeps its
 update (zero) and its residual.
 
 References:
   [Alistarh et al. 2017] D. Alistarh, D. Grubic, J. Li, R. Tomioka, M. Vojnovic. QSGD:
     Communication-Efficient SGD via Gradient Quantization and Encoding. NeurIPS 2017.
+  [Stich et al. 2018] S. U. Stich, J.-B. Cordonnier, M. Jaggi. Sparsified SGD with Memory.
+    NeurIPS 2018.
   [Suresh et al. 2017] A. T. Suresh, F. X. Yu, S. Kumar, H. B. McMahan. Distributed Mean
     Estimation with Limited Communication. ICML 2017.
   [Karimireddy et al. 2019] S. P. Karimireddy, Q. Rebjock, S. U. Stich, M. Jaggi. Error
@@ -90,8 +102,19 @@ class UpdateCompression:
 
     @property
     def unbiased(self) -> bool:
-        """E C(x) = x for every x."""
-        return self.name in UNBIASED
+        """E C(x) = x for every x (not with error feedback, which uses a contraction instead)."""
+        return self.name in UNBIASED and not self.error_feedback
+
+    def variance_factor(self, dimension: int) -> float:
+        """omega, with E ||C(x) - x||^2 <= omega ||x||^2 for the unbiased compressor of a `[dimension]` update."""
+        size = self.sent_size(dimension)
+        if self.name == "rand-k":
+            return size / self.kept(dimension) - 1.0
+        if self.name == "qsgd":
+            bucket = size if self.bucket_size is None else min(self.bucket_size, size)
+            levels = 2**self.bits - 1
+            return min(bucket / levels**2, math.sqrt(bucket) / levels)
+        raise ValueError(f"{self.name} is not unbiased")
 
     def sent_size(self, dimension: int) -> int:
         """The size of the vector the client encodes: d, or the rotation's padded d'."""
@@ -118,8 +141,12 @@ class UpdateCompression:
         sent = codes.hadamard_rotation(x, rotation_key) if self.rotation else x
         if self.name == "qsgd":
             sent = self._quantize(sent, code_key)
+            if self.error_feedback:  # A contraction (see the module docstring).
+                sent = sent / (1.0 + self.variance_factor(dimension))
         elif self.name == "rand-k":
             sent = codes.random_k(sent, code_key, self.kept(dimension))
+            if self.error_feedback:  # Unscaled: a contraction.
+                sent = sent * (self.kept(dimension) / self.sent_size(dimension))
         else:
             sent = codes.top_k(sent, self.kept(dimension))
         if self.rotation:

@@ -152,6 +152,27 @@ def test_bucketed_quantization_uses_each_buckets_norm_and_with_rotation_stays_un
     np.testing.assert_array_less(np.abs(values.mean(axis=0) - x), 5 * stderr)
 
 
+@pytest.mark.parametrize(
+    "compression",
+    [
+        UpdateCompression("rand-k", fraction=0.2, error_feedback=True, num_clients=1),
+        UpdateCompression("qsgd", bits=1, bucket_size=4, error_feedback=True, num_clients=1),
+    ],
+    ids=["rand-k", "qsgd"],
+)
+def test_with_error_feedback_unbiased_compressors_become_contractions(compression):
+    # E ||C(x) - x||^2 <= (1 - delta) ||x||^2, delta = k / d unscaled rand-k, 1 / (1 + omega) scaled qsgd.
+    x = np.random.default_rng(3).normal(size=20).astype(np.float32)
+    keys = jax.random.split(jax.random.key(4), 3000)
+    values = np.asarray(jax.jit(jax.vmap(compression.compress, in_axes=(None, 0)))(jnp.asarray(x), keys), np.float64)
+    delta = 0.2 if compression.name == "rand-k" else 1 / (1 + compression.variance_factor(20))
+    error = np.mean(np.sum((values - x) ** 2, axis=1))
+    assert error <= (1 - delta) * np.sum(x.astype(np.float64) ** 2) * 1.02
+    if compression.name == "rand-k":  # Exactly the dropped coordinates' mass, unscaled.
+        np.testing.assert_allclose(values[values != 0], np.broadcast_to(x, values.shape)[values != 0], rtol=1e-6)
+    assert not compression.unbiased
+
+
 def test_code_sizes_count_what_each_compressor_sends():
     d = 1000
     assert UpdateCompression("qsgd", bits=3).encoded_bits(d) == 32 + d * 4

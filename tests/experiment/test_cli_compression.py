@@ -25,7 +25,7 @@ def test_bytes_follow_from_the_code_size_and_the_clients_that_uploaded(tmp_path,
         d = model_bytes // 4  # A float32 model.
         buckets = -(-d // 64)
         assert code["update_bytes"] == -(-(buckets * 32 + d * 3) // 8)
-        assert code["unbiased"] and code["error_feedback"]
+        assert code["error_feedback"] and not code["unbiased"]  # Scaled to a contraction.
         records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         uploads = 0
         for record in records:
