@@ -167,5 +167,5 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
     return afl(
         engine.task, engine.local, engine.clients_per_round, engine.training_clients("afl"),
         strategy=engine.strategy, server_tx=engine.server_tx, robustness=engine.robustness,
-        compression=engine.compression,
+        compression=engine.compression, clock=engine.clock,
     )

@@ -229,5 +229,5 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
         engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
         server_tx=engine.server_tx, dp_bins=options["dp_bins"], dp_bits=options["dp_bits"],
         dp_scale=options["dp_scale"], count=options["dp_count"], robustness=engine.robustness,
-        compression=engine.compression,
+        compression=engine.compression, clock=engine.clock,
     )

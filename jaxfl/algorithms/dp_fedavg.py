@@ -120,4 +120,5 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
     return dp_fedavg(
         engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
         server_tx=engine.server_tx, robustness=engine.robustness, compression=engine.compression,
+        clock=engine.clock,
     )

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from jaxfl.algorithms.base import FederatedAlgorithm
     from jaxfl.algorithms.stages import Robustness
+    from jaxfl.clock import Clock
     from jaxfl.communication import UpdateCompression
     from jaxfl.data.population import ClientPopulation
     from jaxfl.privacy.budget import DpBudget
@@ -78,6 +79,7 @@ class Engine:
         with per-client server state, e.g. AFL's mixture weights).
       robustness: the run's update attack and aggregator, or None.
       compression: how clients compress their updates, or None.
+      clock: the simulated clock of the rounds, or None.
       personal_validation: validation examples of the N training clients
         (validation client k = training client k), for algorithms that
         choose on them during training (Ditto's dynamic lambda), or None.
@@ -94,6 +96,7 @@ class Engine:
     num_clients: int | None = None
     robustness: Robustness | None = None
     compression: UpdateCompression | None = None
+    clock: Clock | None = None
     personal_validation: ClientPopulation | None = None
 
     def round_options(self) -> dict[str, Any]:
@@ -104,6 +107,7 @@ class Engine:
             client_weighting=self.client_weighting,
             robustness=self.robustness,
             compression=self.compression,
+            clock=self.clock,
         )
 
     def training_clients(self, algorithm: str) -> int:

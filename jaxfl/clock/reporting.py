@@ -11,9 +11,12 @@ selected client i that its algorithm lets train takes `duration_i`
 
 The first M clients to complete report; the others' updates are discarded
 (over-selection with a reporting deadline, Bonawitz et al. 2019, Section
-2.1: select 130%, keep the first 100%). The round then lasts
+2.1: select 130%, keep the first 100%). Where the algorithm lets fewer than
+M of them train (Delta-FL's tail), the server waits for all that train. The
+round then lasts
 
-* the M-th report's duration, when M clients report;
+* the last needed report's duration, when min(M, the training clients)
+  report;
 * else D, with a deadline (the server waits it out);
 * else until the last selected client has completed or dropped.
 
@@ -33,6 +36,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxfl.clock.availability import Availability, next_online, online, online_until
 from jaxfl.clock.profiles import DeviceProfiles, client_durations
@@ -148,16 +152,46 @@ def reports(
     _, first = jax.lax.top_k(jnp.where(completes, -durations, -jnp.inf), kept)
     reporting = jnp.zeros(durations.shape, bool).at[first].set(completes[first])
     count = jnp.sum(reporting)
+    needed = jnp.minimum(clients_per_round, jnp.sum(candidates))
     last_report = jnp.max(jnp.where(reporting, durations, 0.0))
     if clock.deadline is not None:
         waited = jnp.float32(clock.deadline)
     else:
         # Until every selected client has completed or gone offline.
         waited = jnp.max(jnp.where(candidates, jnp.minimum(durations, offline_at), 0.0))
-    seconds = jnp.where(count >= clients_per_round, last_report, waited)
+    seconds = jnp.where(count >= needed, last_report, waited)
     metrics = {
         "round_seconds": seconds,
         "clients_online": selection.online_count,
         "clients_dropped": jnp.sum(candidates & ~reporting).astype(jnp.int32),
     }
     return Reports(reporting, seconds, metrics)
+
+
+def check_someone_can_report(
+    clock: Clock, counts: np.ndarray, steps: np.ndarray, download_bytes: int, upload_bytes: int
+) -> None:
+    """Refuses a clock under which no training client could ever report (host check, before training).
+
+    A client can report if its duration fits within its longest online window
+    and within the deadline; `steps` are its local steps.
+
+    Raises:
+      ValueError: one line giving the fastest client's duration and what it must fit in.
+    """
+    profiles = [np.asarray(q, np.float64) for q in clock.profiles]
+    durations = download_bytes / profiles[1] + steps * profiles[0] + upload_bytes / profiles[2]
+    durations = np.where(np.asarray(counts) > 0, durations, np.inf)
+    longest = np.full(durations.shape, np.inf)
+    if clock.availability is not None:
+        longest = np.max(np.asarray(clock.availability.length, np.float64), axis=1)
+    fits = (durations <= longest) & (durations <= (clock.deadline or np.inf))
+    if not fits.any():
+        fastest = int(np.argmin(durations))
+        bounds = [f"the deadline is {clock.deadline:g} s"] if clock.deadline is not None else []
+        if clock.availability is not None:
+            bounds.append(f"its longest online window {longest[fastest]:g} s")
+        raise ValueError(
+            f"no training client can ever report: the fastest, client {fastest}, needs {durations[fastest]:.4g} s "
+            f"to download, train and upload, and {' and '.join(bounds)}"
+        )

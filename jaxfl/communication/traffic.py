@@ -1,7 +1,7 @@
 """Bytes a run's clients and server send: per message, and in total from the count of uploads.
 
 A composed round (`jaxfl.algorithms.stages.compose_round`) sends every sampled
-client the model (M per round), and every client that trains and reports
+client the model (M per round, or the clock's M' selected clients), and every client that trains and reports
 (`clients_uploading`, a round metric: the plan's active clients) sends its
 update, compressed or not; an algorithm whose clients also exchange other
 model-sized vectors declares them (`ClientUpdateStage.side_messages`:
@@ -37,7 +37,8 @@ class Traffic:
       model_bytes: the model as the server sends it.
       update_bytes: one client's update as it sends it.
       side_messages: model-sized vectors each uploading client receives and sends besides.
-      clients_per_round: M, the clients sent the model each round.
+      clients_per_round: the clients sent the model each round: M, or the
+        clock's over-selected M'.
       compression: the update code's description, or None: uncompressed.
     """
 
@@ -77,6 +78,7 @@ def round_traffic(algorithm: Any, params: Params) -> Traffic | None:
         return None
     size = model_bytes(params)
     compression = composition.options.get("compression")
+    clock = composition.options.get("clock")  # Over-selection sends the model to more clients.
     if compression is None:
         update, described = size, None
     else:
@@ -96,6 +98,8 @@ def round_traffic(algorithm: Any, params: Params) -> Traffic | None:
         model_bytes=size,
         update_bytes=update,
         side_messages=composition.client_update.side_messages,
-        clients_per_round=composition.clients_per_round,
+        clients_per_round=(
+            composition.clients_per_round if clock is None else clock.selected(composition.clients_per_round)
+        ),
         compression=described,
     )

@@ -402,6 +402,30 @@ class RunConfig:
         False, "each client keeps what compression dropped and adds it to its next update (one residual "
         "row per training client)",
     )
+    # The simulated clock (jaxfl.clock; docs/clock.md).
+    availability: str | None = _field(
+        None, "run rounds on a simulated clock, clients online 'always', 'diurnal' (--diurnal-hours a day "
+        "from a start hour drawn per client) or as a CSV trace FILE (client,start,end seconds; unset: no "
+        "clock, every sampled client reports and rounds take no time)",
+        optional=True,
+    )
+    availability_period: float = _field(
+        604800.0, "an availability trace repeats with this period in seconds (default one week)",
+        low=0.0, low_open=True,
+    )
+    diurnal_hours: float = _field(8.0, "diurnal availability: hours online a day", low=0.0, high=24.0, low_open=True)
+    device_profiles: str = _field(
+        "lognormal", "the clients' devices: 'lognormal' (docs/clock.md gives the medians) or a CSV FILE "
+        "(client,step_seconds,download_bytes_per_s,upload_bytes_per_s)",
+    )
+    overselect: float = _field(
+        1.0, "select this many times clients_per_round online clients and keep the first clients_per_round "
+        "reports (Bonawitz et al. 2019 use 1.3)", low=1.0,
+    )
+    report_deadline: float | None = _field(
+        None, "seconds the server waits for reports (unset: until every selected client has reported or dropped)",
+        low=0.0, low_open=True, optional=True,
+    )
     dp_bins: int = _option(
         "dp_bins",
         "histogram bins b, a power of two in [2, 65536] (deltafl: with --reweighting dp)",
@@ -551,6 +575,7 @@ SECTIONS = (
     ("algorithm settings (each says which algorithms read it)", "theta"),
     ("robust aggregation and attacks", "aggregator"),
     ("compressed updates", "compression"),
+    ("simulated clock", "availability"),
     ("differential privacy", "dp_bins"),
     ("execution", "strategy"),
     ("evaluation", "eval_every"),
@@ -1009,6 +1034,10 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
         for name in ("compression_bits", "compression_bucket"):
             if name in changed:
                 messages.append(f"{name} is qsgd's; {config.compression} does not quantize; ignored")
+    if config.availability is None:
+        for name in ("availability_period", "diurnal_hours", "device_profiles", "overselect", "report_deadline"):
+            if name in changed:
+                messages.append(f"{name} is a setting of the simulated clock, which --availability turns on; ignored")
     if "eval_every" in changed and config.eval_every > config.rounds:
         messages.append(
             f"eval_every={config.eval_every} is more than rounds={config.rounds}: the run is evaluated "

@@ -20,6 +20,8 @@ for every algorithm or sweep point:
 * `error_vs_bytes.png`, where a run compressed its updates (`--compression`):
   the mean and 90th percentile test error against the bytes clients sent so
   far, every run that counted them on the same axes;
+* `error_vs_time.png`, where a run ran on the simulated clock
+  (`--availability`): the same against the simulated time (hours);
 
 and `index.html`, one self-contained page (the PNGs embedded as data URIs, no
 script, no external request) with the final test-error summary of every run.
@@ -73,6 +75,7 @@ FIGURES = (
     "client_error_cdf.png",
     "error_vs_client_size.png",
     "error_vs_bytes.png",
+    "error_vs_time.png",
 )
 PAGE = "index.html"
 # Marks a folder as written by `jaxfl report`, so that it may be rewritten.
@@ -448,18 +451,23 @@ def curve(run: RunResults, group: str, statistic: str) -> tuple[np.ndarray, np.n
     return np.asarray(rounds, np.float64), np.asarray(values, np.float64)
 
 
-def bytes_curve(run: RunResults, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
-    """`(bytes_up [R], test error [R])`: the test error's `statistic` against the bytes clients had sent
-    (`metrics.jsonl`'s `bytes_up`) at each evaluation holding both."""
-    sent, values = [], []
+def error_against(run: RunResults, key: str, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """`(x [R], test error [R])`: the test error's `statistic` against a record's `key` (`bytes_up`,
+    `simulated_time`) at each evaluation holding both."""
+    xs, values = [], []
     for record in run.evaluations:
         summary = record.get("test_error")
         value = _number(summary.get(statistic)) if isinstance(summary, dict) else math.nan
-        up = _number(record.get("bytes_up"))
-        if math.isfinite(value) and math.isfinite(up):
-            sent.append(up)
+        x = _number(record.get(key))
+        if math.isfinite(value) and math.isfinite(x):
+            xs.append(x)
             values.append(value)
-    return np.asarray(sent, np.float64), np.asarray(values, np.float64)
+    return np.asarray(xs, np.float64), np.asarray(values, np.float64)
+
+
+def bytes_curve(run: RunResults, statistic: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """`(bytes_up [R], test error [R])`: the test error against the bytes clients had sent."""
+    return error_against(run, "bytes_up", statistic)
 
 
 def client_errors(run: RunResults, population: str = "test") -> np.ndarray:
@@ -673,22 +681,35 @@ def draw_error_by_bytes(runs: Sequence[RunResults], colors: Sequence[Any]):
     its updates (or none counted its bytes)."""
     if not any((run.config or {}).get("compression") for run in runs):
         return None
+    return _draw_error_against(runs, colors, "bytes_up", 1e-6, "MB sent by clients")
+
+
+def draw_error_by_time(runs: Sequence[RunResults], colors: Sequence[Any]):
+    """Mean and p90 test error (%) against the simulated time: a Figure, or None where no run ran on the
+    simulated clock."""
+    longest = max((error_against(run, "simulated_time")[0].max(initial=0.0) for run in runs), default=0.0)
+    seconds, unit = next((s, u) for s, u in ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
+                         if longest >= 2 * s or s == 1.0)  # fmt: skip
+    return _draw_error_against(runs, colors, "simulated_time", 1 / seconds, f"simulated time ({unit})")
+
+
+def _draw_error_against(runs, colors, key: str, scale: float, xlabel: str):
     Figure, _ = _matplotlib()
     figure = Figure(figsize=(10, 4.2), layout="constrained")
     axes = figure.subplots(1, 2)
     drawn = False
     for run, color in zip(runs, colors, strict=True):
         for ax, statistic in zip(axes, ("mean", "p90"), strict=True):
-            sent, values = bytes_curve(run, statistic)
-            if sent.size:
-                ax.plot(sent / 1e6, 100 * values, color=color, lw=1.5, label=_legend_label(run),
-                        marker="o" if sent.size <= 25 else None, ms=3)
+            xs, values = error_against(run, key, statistic)
+            if xs.size:
+                ax.plot(xs * scale, 100 * values, color=color, lw=1.5, label=_legend_label(run),
+                        marker="o" if xs.size <= 25 else None, ms=3)
                 drawn = True
     if not drawn:
         return None
     for ax, title in zip(axes, ("mean test error", "90th percentile of the test clients' error"), strict=True):
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("MB sent by clients")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("test error (%)")
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -833,6 +854,12 @@ _CAPTIONS = {
         "Test error against communication",
         "Mean and 90th percentile of the test clients' error against the megabytes clients had sent by "
         "each evaluation (compressed updates where a run compressed them; metrics.jsonl's bytes_up).",
+    ),
+    "error_vs_time.png": (
+        "Test error against simulated time",
+        "Mean and 90th percentile of the test clients' error against the simulated clock at each evaluation "
+        "(rounds last as long as their clients' devices and availability make them; metrics.jsonl's "
+        "simulated_time).",
     ),
 }
 
@@ -994,6 +1021,7 @@ def write_report(dirs: Sequence[str | os.PathLike], out: str | os.PathLike | Non
         "client_error_cdf.png": draw_error_cdfs,
         "error_vs_client_size.png": draw_error_by_size,
         "error_vs_bytes.png": draw_error_by_bytes,
+        "error_vs_time.png": draw_error_by_time,
     }
     figures: dict[str, bytes] = {}
     for name, draw in drawers.items():

@@ -28,7 +28,11 @@ from jaxfl.algorithms.registry import (
     hparam_fields,
     setting_users,
 )
+from jaxfl.clock import Clock, diurnal_availability, lognormal_profiles, read_availability, read_profiles
+from jaxfl.clock.reporting import check_someone_can_report
 from jaxfl.communication import Traffic, UpdateCompression, round_traffic
+from jaxfl.communication.compression import model_size
+from jaxfl.communication.traffic import model_bytes
 from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import load_dataset
@@ -58,6 +62,10 @@ class Setup:
     corrupted: np.ndarray | None = None  # [N] bool: the attack's corrupted training clients
     # algorithm name -> the bytes of its messages (None: not counted; jaxfl.communication.traffic)
     traffic: dict[str, Traffic | None] = dataclasses.field(default_factory=dict)
+
+
+# fold_in data of the run key's clock stream (device profiles, diurnal start hours).
+CLOCK_STREAM = 0x434C4F43
 
 
 def choose_strategy(text: str, num_parameters: int) -> ClientStrategy:
@@ -112,6 +120,53 @@ def run_compression(config: RunConfig, num_clients: int) -> UpdateCompression | 
         )
     except ValueError as error:
         raise ConfigError(f"compression: {error}") from None
+
+
+def run_clock(config: RunConfig, dataset, local, model_shape, compression, placement) -> Clock | None:
+    """The run's simulated clock (`--availability` and its settings), or None.
+
+    Profiles and diurnal start hours are drawn from the seed (key
+    `fold_in(key(seed), CLOCK_STREAM)`).
+
+    Raises:
+      ConfigError: an unreadable or malformed trace, a setting out of range,
+        a host-resident population, or a clock under which no client could
+        ever report.
+    """
+    if config.availability is None:
+        return None
+    if placement is not None and placement.residency == "host":
+        raise ConfigError(
+            "the simulated clock selects among the clients online in each round, on the device; the training "
+            "clients are host-resident here (use --residency device, or fewer clients)"
+        )
+    num_clients = dataset.train.num_clients
+    profile_key, availability_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), CLOCK_STREAM))
+    try:
+        if config.device_profiles == "lognormal":
+            profiles = lognormal_profiles(profile_key, num_clients)
+        else:
+            profiles = read_profiles(config.device_profiles, num_clients)
+        availability = None
+        if config.availability == "diurnal":
+            availability = diurnal_availability(availability_key, num_clients, config.diurnal_hours)
+        elif config.availability != "always":
+            availability = read_availability(config.availability, num_clients, config.availability_period)
+        clock = Clock(profiles, availability, config.overselect, config.report_deadline)
+        selected = clock.selected(config.clients_per_round)
+        if selected > num_clients:
+            raise ValueError(
+                f"overselect={config.overselect:g} selects {selected} clients a round, more than the "
+                f"{num_clients} training clients"
+            )
+        counts = np.asarray(dataset.train.counts)
+        steps = np.asarray(local.num_steps(counts))
+        size = model_bytes(model_shape)
+        upload = size if compression is None else -(-compression.encoded_bits(model_size(model_shape)) // 8)
+        check_someone_can_report(clock, counts, steps, size, upload)
+    except ValueError as error:
+        raise ConfigError(f"clock: {error}") from None
+    return clock
 
 
 def run_server_optimizer(config: RunConfig):
@@ -294,7 +349,8 @@ def setup(config: RunConfig) -> Setup:
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None
     check_model_fits_targets(model, dataset, config)
-    num_parameters = count_parameters(jax.eval_shape(model.init, jax.random.key(0)))
+    model_shape = jax.eval_shape(model.init, jax.random.key(0))
+    num_parameters = count_parameters(model_shape)
     strategy = choose_strategy(config.strategy, num_parameters)
     strategy = choose_client_state(config, strategy, num_train, num_parameters)
     device_rows = [name for name in config.algorithms if not algorithm_spec(name).host_rows]
@@ -308,21 +364,25 @@ def setup(config: RunConfig) -> Setup:
             f"{device_rows[0]} reads all N clients' rows every round, so they cannot live in host memory; "
             f"{advice}"
         )
+    local = LocalTraining(
+        batch_size=config.batch_size,
+        num_epochs=config.local_epochs,
+        max_steps=config.max_local_steps,
+        loop=choose_local_loop(config.local_loop),
+    )
+    compression = run_compression(config, num_train)
+    clock = run_clock(config, dataset, local, model_shape, compression, placement)
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
-        local=LocalTraining(
-            batch_size=config.batch_size,
-            num_epochs=config.local_epochs,
-            max_steps=config.max_local_steps,
-            loop=choose_local_loop(config.local_loop),
-        ),
+        local=local,
         clients_per_round=config.clients_per_round,
         strategy=strategy,
         server_tx=run_server_optimizer(config),
         client_weighting=config.client_weighting,
         num_clients=num_train,
         robustness=robustness,
-        compression=run_compression(config, num_train),
+        compression=compression,
+        clock=clock,
         personal_validation=personal_validation_examples(config, dataset),
     )
     # Before anything of the round is allocated (docs/reliability.md).
@@ -342,6 +402,8 @@ def setup(config: RunConfig) -> Setup:
                 f"{name} writes its own round, which sends its updates uncompressed: --compression applies "
                 "to the composed rounds of the other algorithms"
             )
+        if engine.clock is not None and algorithms[name].composition is None:
+            raise ConfigError(f"{name} writes its own round, which does not run on the simulated clock")
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
         privacy = algorithm_spec(name).privacy
         if privacy is not None:
@@ -361,7 +423,6 @@ def setup(config: RunConfig) -> Setup:
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
         warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
-    model_shape = jax.eval_shape(model.init, jax.random.key(0))
     traffic = {name: round_traffic(algorithm, model_shape) for name, algorithm in algorithms.items()}
     return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
 

@@ -248,6 +248,13 @@ def traffic_fields(run_setup: Setup, name: str, round_index: int, client_uploads
     return traffic.record(round_index, int(jax.device_get(client_uploads)))
 
 
+def clock_fields(clock: Any) -> dict[str, float]:
+    """`{'simulated_time': seconds}` of a state's clock (`ServerState.clock`), or {} without a clock."""
+    if not jax.tree.leaves(clock):
+        return {}
+    return {"simulated_time": float(jax.device_get(clock))}
+
+
 def timing_fields(timing: LoopTiming, num_rounds_per_call: int, start_round: int) -> dict[str, Any]:
     """What timing.json holds: the loop's times, how rounds were called, the backend, where it resumed."""
     return {
@@ -339,6 +346,7 @@ def run_algorithm(
             "algorithm": name,
             "round": round_index,
             **traffic_fields(run_setup, name, round_index, health.client_uploads),
+            **clock_fields(state.clock),
             "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
             **summaries,
         }
@@ -387,6 +395,8 @@ def run_algorithm(
         run_setup, name, latest["summaries"], int(health["rounds_without_weight"]), diverged,
         run_setup.hparams[name] if state is None else state.hparams, int(health["client_uploads"]),
     )
+    if history and "simulated_time" in history[-1]:
+        summary["simulated_time"] = history[-1]["simulated_time"]  # At the last evaluation.
     if diverged:
         summary["evaluated_round"] = history[-1]["round"] if history else None
     timing_record = timing_fields(timing, num_rounds_per_call, start_round)

@@ -57,6 +57,7 @@ from jaxfl.experiment.runner import (
     resumed_rounds_per_call,
     rounds_per_call,
     run_summary,
+    clock_fields,
     timing_fields,
     traffic_fields,
     training_input,
@@ -292,6 +293,7 @@ def run_sweep(
                 "seed": point.seed,
                 "round": round_index,
                 **traffic_fields(run_setup, name, round_index, uploads[g]),
+                **clock_fields(jax.tree.map(lambda x, g=g: x[g], states.clock)),
                 "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
                 **summaries[g],
             }
@@ -332,5 +334,6 @@ def run_sweep(
             state.hparams, int(health["client_uploads"][g]),
         )
         summary.update(hparams=dict(point.hparams), seed=point.seed, sweep_points=len(points))
+        summary.update(clock_fields(state.clock))
         results.append(RunResult(name, state, histories[g], summary, clients[g], timing_record))
     return results

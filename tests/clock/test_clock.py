@@ -104,8 +104,9 @@ def _clock_round(t, gumbel, profiles, count, target, deadline, model_bytes):
     for _, position in events[:target]:
         reporting[position] = True
     dropped = int(is_online[order].sum() - reporting.sum())
-    if len(events) >= target:
-        seconds = events[target - 1][0]
+    needed = min(target, int(is_online[order].sum()))  # Every selected online client trains here.
+    if len(events) >= needed:
+        seconds = events[needed - 1][0] if needed else 0.0
     else:  # The server waits out the deadline, or for every selected client to complete or drop.
         seconds = deadline if deadline is not None else waited
     return order, reporting, t, t + seconds, {"clients_online": int(is_online.sum()), "clients_dropped": dropped}
