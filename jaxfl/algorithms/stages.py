@@ -574,6 +574,9 @@ class _ComposedRound:
                 cohort_data.client_ids,
                 cohort_data.population.cohort_weights(self.client_weighting, cohort_data.slots),
             )
+            if selection is not None:
+                # Offline entries padding the clock's cohort weigh nothing in any plan or rule.
+                cohort = cohort._replace(alpha=jnp.where(selection.selected, cohort.alpha, 0.0))
         single_pass = (
             c.select.reads_initial_loss and c.select.weights_only and single_pass_preferred(self.strategy)
         )
