@@ -98,6 +98,10 @@ class FederatedAlgorithm(NamedTuple):
       composition: the stages the round was composed of
         (`jaxfl.algorithms.stages.Composition`), or None for a round written
         by hand; algorithms built on another's stages read it (Ditto).
+      model_sends: for a round written by hand that reports the
+        `clients_uploading` metric, the clients it sends the model each round
+        (uncompressed both ways: `jaxfl.communication.traffic`); None: its
+        messages are not counted. A composed round's follow from its stages.
     """
 
     name: str
@@ -107,6 +111,7 @@ class FederatedAlgorithm(NamedTuple):
     personal_models: Callable[[ServerState], PyTree] = own_models
     personalize: Callable[[ServerState, ClientPopulation], PyTree] | None = None
     composition: Any = None
+    model_sends: int | None = None
 
 
 def place_state(state: ServerState, strategy: ClientStrategy) -> ServerState:

@@ -289,6 +289,21 @@ DITTO_GLOBALS = tuple(name for name, spec in SPECS.items() if spec.ditto_global)
 _DITTO_GLOBAL_SETTINGS = tuple(
     dict.fromkeys(setting for g in DITTO_GLOBALS for setting in (*SPECS[g].hparams, *SPECS[g].options))
 )
+_ASYNCHRONOUS = {"concurrency": None, "staleness": "polynomial"}
+SPECS["fedbuff"] = AlgorithmSpec(
+    "jaxfl.algorithms.fedbuff:from_engine",
+    "FedBuff (Nguyen et al. 2022): asynchronous clients on the simulated clock, a server step per K = "
+    "clients-per-round staleness-weighted updates",
+    hparams=("staleness_exponent", "staleness_hinge"),
+    options=_ASYNCHRONOUS,
+)
+SPECS["fedasync"] = AlgorithmSpec(
+    "jaxfl.algorithms.fedasync:from_engine",
+    "FedAsync (Xie et al. 2019): asynchronous clients on the simulated clock, each arrival mixed in with "
+    "weight alpha s(staleness)",
+    hparams=("async_mixing", "mu", "staleness_exponent", "staleness_hinge"),
+    options=_ASYNCHRONOUS,
+)
 SPECS["ditto"] = AlgorithmSpec(
     "jaxfl.algorithms.ditto:from_engine",
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "

@@ -69,14 +69,16 @@ class Traffic:
 
 
 def round_traffic(algorithm: Any, params: Params) -> Traffic | None:
-    """The `Traffic` of a composed algorithm's round on a model like `params`.
+    """The `Traffic` of an algorithm's round on a model like `params`.
 
-    None for an algorithm that writes its own round (its messages are not counted).
+    A composed round's from its stages; a round written by hand's from its
+    `model_sends` (uncompressed), or None where it does not declare them.
     """
     composition = getattr(algorithm, "composition", None)
-    if composition is None:
-        return None
     size = model_bytes(params)
+    if composition is None:
+        sends = getattr(algorithm, "model_sends", None)
+        return None if sends is None else Traffic(size, size, 0, sends)
     compression = composition.options.get("compression")
     clock = composition.options.get("clock")  # Over-selection sends the model to more clients.
     if compression is None:

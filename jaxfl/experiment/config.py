@@ -192,7 +192,21 @@ class RunConfig:
         "FedAvg); fedavg-sub: fraction of each cohort that trains",
         low=0.0, high=1.0, low_open=True,
     )
-    mu: float = _field(0.01, "fedprox, feddane: proximal weight mu >= 0", low=0.0)
+    mu: float = _field(0.01, "fedprox, feddane, fedasync (its rho): proximal weight mu >= 0", low=0.0)
+    concurrency: int | None = _option(
+        "concurrency", "clients training at once, at least clients_per_round, the arrivals each server step "
+        "takes (unset: 4 clients_per_round, at most the training clients)", low=1, optional=True,
+    )
+    staleness: str = _option(
+        "staleness", "weight s of an update by its staleness (Xie et al. 2019): constant 1, polynomial "
+        "(1 + s)^-a (a = 1/2: FedBuff's), hinge", choices=("constant", "polynomial", "hinge"),
+    )
+    staleness_exponent: float = _field(0.5, "fedbuff, fedasync: a of the polynomial and hinge staleness weights",
+                                       low=0.0)
+    staleness_hinge: float = _field(4.0, "fedbuff, fedasync: b, the staleness the hinge weight starts after",
+                                    low=0.0)
+    async_mixing: float = _field(0.6, "fedasync: alpha in (0, 1], the mixing weight of a fresh update", low=0.0,
+                                 high=1.0, low_open=True)
     feddyn_alpha: float = _field(
         0.01, "feddyn: alpha > 0 of the dynamic regularizer -<g_k, w> + alpha/2 ||w - w_t||^2 (Acar et al. "
         "2021 tune it in {0.1, 0.01, 0.001})", low=0.0, low_open=True,

@@ -157,8 +157,10 @@ def describe_divergence(name: str, diverged: dict[str, Any], checkpoints: Path |
 
 def warn_empty_rounds(name: str, summary: dict[str, Any]) -> None:
     """A warning when most rounds trained nothing (no client got weight)."""
-    empty, rounds = summary.get("rounds_without_weight", 0), summary.get("rounds", 0)
-    if rounds and empty * 2 > rounds:
+    # An asynchronous algorithm's first steps only start clients (`warmup_steps`).
+    warmup = min(summary.get("warmup_steps", 0), summary.get("rounds_without_weight", 0))
+    empty, rounds = summary.get("rounds_without_weight", 0) - warmup, summary.get("rounds", 0) - warmup
+    if rounds > 0 and empty * 2 > rounds:
         print(
             f"jaxfl: warning: {name}: no client got weight in {empty} of {rounds} rounds (stragglers or "
             "filtering dropped every client): the model did not move in those rounds",

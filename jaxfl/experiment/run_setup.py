@@ -64,6 +64,18 @@ class Setup:
     traffic: dict[str, Traffic | None] = dataclasses.field(default_factory=dict)
 
 
+# Algorithms whose rounds are server steps of asynchronous clients: always on the clock.
+ASYNCHRONOUS_ALGORITHMS = ("fedbuff", "fedasync")
+def asynchronous_warmup(config: RunConfig, name: str, num_clients: int) -> int:
+    """The first server steps of an asynchronous algorithm that only start clients (0 for the others)."""
+    if name not in ASYNCHRONOUS_ALGORITHMS:
+        return 0
+    from jaxfl.algorithms.fedbuff import concurrency
+
+    arrivals = 1 if name == "fedasync" else config.clients_per_round
+    return concurrency({"concurrency": config.concurrency}, config.clients_per_round, num_clients) // arrivals
+
+
 # fold_in data of the run key's clock stream (device profiles, diurnal start hours).
 CLOCK_STREAM = 0x434C4F43
 
@@ -125,6 +137,9 @@ def run_compression(config: RunConfig, num_clients: int) -> UpdateCompression | 
 def run_clock(config: RunConfig, dataset, local, model_shape, compression, placement) -> Clock | None:
     """The run's simulated clock (`--availability` and its settings), or None.
 
+    Runs of an asynchronous algorithm (FedBuff, FedAsync) always have one,
+    every client online.
+
     Profiles and diurnal start hours are drawn from the seed (key
     `fold_in(key(seed), CLOCK_STREAM)`).
 
@@ -133,7 +148,8 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
         a host-resident population, or a clock under which no client could
         ever report.
     """
-    if config.availability is None:
+    asynchronous = [name for name in config.algorithms if name in ASYNCHRONOUS_ALGORITHMS]
+    if config.availability is None and not asynchronous:
         return None
     if placement is not None and placement.residency == "host":
         raise ConfigError(
@@ -148,9 +164,11 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
         else:
             profiles = read_profiles(config.device_profiles, num_clients)
         availability = None
+        if asynchronous and config.availability not in (None, "always"):
+            raise ValueError(f"{asynchronous[0]} runs with every client online: --availability always, or unset")
         if config.availability == "diurnal":
             availability = diurnal_availability(availability_key, num_clients, config.diurnal_hours)
-        elif config.availability != "always":
+        elif config.availability not in (None, "always"):
             availability = read_availability(config.availability, num_clients, config.availability_period)
         clock = Clock(profiles, availability, config.overselect, config.report_deadline)
         selected = clock.selected(config.clients_per_round)
@@ -402,7 +420,7 @@ def setup(config: RunConfig) -> Setup:
                 f"{name} writes its own round, which sends its updates uncompressed: --compression applies "
                 "to the composed rounds of the other algorithms"
             )
-        if engine.clock is not None and algorithms[name].composition is None:
+        if engine.clock is not None and algorithms[name].composition is None and name not in ASYNCHRONOUS_ALGORITHMS:
             raise ConfigError(f"{name} writes its own round, which does not run on the simulated clock")
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
         privacy = algorithm_spec(name).privacy

@@ -42,6 +42,7 @@ from jaxfl.experiment.personalization import (  # noqa: F401
 from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.run_setup import (  # noqa: F401
     Setup,
+    asynchronous_warmup,
     check_model_fits_targets,
     choose_local_loop,
     choose_strategy,
@@ -224,6 +225,9 @@ def run_summary(
         summary["diverged"] = diverged
     # A single run stops where divergence was seen; a sweep point goes on with the others.
     rounds_done = (diverged or {}).get("detected_at_round", config.rounds)
+    warmup = asynchronous_warmup(config, name, run_setup.dataset.train.num_clients)
+    if warmup:
+        summary["warmup_steps"] = warmup  # Server steps that only started clients.
     traffic = run_setup.traffic.get(name)
     if traffic is not None:
         summary.update(traffic.record(rounds_done, client_uploads))
