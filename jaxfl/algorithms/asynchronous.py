@@ -154,14 +154,14 @@ def asynchronous_algorithm(
       ValueError: K > C, C > N, or another invalid static setting (one line).
     """
     if arrivals_per_step < 1:
-        raise ValueError(f"{name}: the arrivals per step must be >= 1, got {arrivals_per_step}")
+        raise ValueError(f"the arrivals per step must be >= 1, got {arrivals_per_step}")
     if concurrency < arrivals_per_step:
         raise ValueError(
-            f"{name}: the buffer of {arrivals_per_step} arrivals is larger than the concurrency {concurrency} "
+            f"the buffer of {arrivals_per_step} arrivals is larger than the concurrency {concurrency} "
             "(the clients training at once): it would never fill"
         )
     if concurrency > num_clients:
-        raise ValueError(f"{name}: concurrency {concurrency} exceeds the {num_clients} training clients")
+        raise ValueError(f"concurrency {concurrency} exceeds the {num_clients} training clients")
     if keeps not in ("update", "model"):
         raise ValueError(f"keeps must be 'update' or 'model', got {keeps!r}")
     if client_weighting not in ("num_examples", "uniform"):

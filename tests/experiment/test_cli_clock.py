@@ -58,6 +58,8 @@ def test_simulated_time_adds_up_the_rounds_durations(tmp_path, capsys):
         (["--availability", "always", "--algorithm", "scaffold"], ["scaffold", "clock drops clients"]),
         (["--availability", "always", "--overselect", "6"], ["overselect=6", "more than the 40"]),
         (["--availability", "always", "--device-profiles", "{missing}"], ["cannot be read"]),
+        (["--algorithm", "fedbuff", "--concurrency", "5"], ["fedbuff", "buffer of 8 arrivals", "concurrency 5"]),
+        (["--algorithm", "fedasync", "--availability", "diurnal"], ["fedasync runs with every client online"]),
     ],
 )
 def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, words):
