@@ -70,6 +70,8 @@ _PUBLIC = {
     "feddyn": "jaxfl.algorithms.feddyn",
     "feddane": "jaxfl.algorithms.feddane",
     "qmaml": "jaxfl.algorithms.qmaml",
+    "fedbuff": "jaxfl.algorithms.fedbuff",
+    "fedasync": "jaxfl.algorithms.fedasync",
     "algorithm_names": "jaxfl.algorithms.registry",
     "build_algorithm": "jaxfl.algorithms.registry",
     "Engine": "jaxfl.algorithms.registry",

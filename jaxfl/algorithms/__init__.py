@@ -37,6 +37,8 @@ _PUBLIC = {
     "dp_fedavg": "jaxfl.algorithms.dp_fedavg",
     "fedavg": "jaxfl.algorithms.fedavg",
     "fedavg_sub": "jaxfl.algorithms.fedavg_sub",
+    "fedasync": "jaxfl.algorithms.fedasync",
+    "fedbuff": "jaxfl.algorithms.fedbuff",
     "feddane": "jaxfl.algorithms.feddane",
     "feddyn": "jaxfl.algorithms.feddyn",
     "fednova": "jaxfl.algorithms.fednova",
