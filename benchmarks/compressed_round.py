@@ -80,8 +80,9 @@ def main() -> None:
     for model, model_settings in MODELS.items():
         entries = {}
         for label, settings in COMPRESSIONS.items():
-            config = dataclasses.replace(RunConfig(), rounds=200, eval_every=200, progress=False,
-                                         **model_settings, **settings)
+            config = dataclasses.replace(
+                RunConfig(), rounds=200, eval_every=200, progress=False, **model_settings, **settings
+            )
             entries[label] = _compiled(config)
         times = {label: [] for label in entries}
         for _ in range(args.repeats):

@@ -70,13 +70,16 @@ def main(argv=None) -> int:
         "(mean over seeds)",
         "",
         "| algorithm | final mean test error (%) | simulated time (s) | "
-        + " | ".join(f"to {100 * t:.0f}% error: s, client updates" for t in TARGETS) + " |",
+        + " | ".join(f"to {100 * t:.0f}% error: s, client updates" for t in TARGETS)
+        + " |",
         "| --- | --- | --- | " + " | ".join("---" for _ in TARGETS) + " |",
     ]
     for name, per_seed in curves.items():
         cells = []
         for target in TARGETS:
-            reached = [next((r for r in curve if r["test_error"]["mean"] <= target), None) for curve in per_seed]
+            reached = [
+                next((r for r in curve if r["test_error"]["mean"] <= target), None) for curve in per_seed
+            ]
             if any(r is None for r in reached):
                 cells.append(f"reached by {sum(r is not None for r in reached)} of {len(reached)} seeds")
             else:
@@ -86,7 +89,9 @@ def main(argv=None) -> int:
                 )
         lines.append(
             f"| {name} | {100 * statistics.fmean(c[-1]['test_error']['mean'] for c in per_seed):.2f} | "
-            f"{statistics.fmean(c[-1]['simulated_time'] for c in per_seed):,.1f} | " + " | ".join(cells) + " |"
+            f"{statistics.fmean(c[-1]['simulated_time'] for c in per_seed):,.1f} | "
+            + " | ".join(cells)
+            + " |"
         )
     print("\n".join(lines))
     (args.out / "async_vs_sync.json").write_text(json.dumps(curves, indent=1))

@@ -55,7 +55,13 @@ COMPRESSORS = {
     "qsgd-4": ["--compression", "qsgd", "--compression-bits", "4"],
     "qsgd-2-b512": ["--compression", "qsgd", "--compression-bits", "2", "--compression-bucket", "512"],
     "qsgd-2-b512 + EF": [
-        "--compression", "qsgd", "--compression-bits", "2", "--compression-bucket", "512", "--error-feedback",
+        "--compression",
+        "qsgd",
+        "--compression-bits",
+        "2",
+        "--compression-bucket",
+        "512",
+        "--error-feedback",
     ],
     "rand-k-10%": ["--compression", "rand-k", "--compression-fraction", "0.1"],
     "rand-k-10% + EF": ["--compression", "rand-k", "--compression-fraction", "0.1", "--error-feedback"],
@@ -98,8 +104,9 @@ def main(argv=None) -> int:
             runs[name].append(read_run(run_dir))
     target = statistics.fmean(r["final_error"] for r in runs["none"]) + TARGET_MARGIN
     lines = [
-        f"FedAvg, Fashion-MNIST Dirichlet(0.5), MLP 64, seeds {' '.join(map(str, args.seeds))} (mean ± std over "
-        f"seeds); target: mean test error {100 * target:.1f}% (uncompressed final + {100 * TARGET_MARGIN:.0f})",
+        f"FedAvg, Fashion-MNIST Dirichlet(0.5), MLP 64, seeds {' '.join(map(str, args.seeds))} "
+        f"(mean ± std over seeds); target: mean test error {100 * target:.1f}% "
+        f"(uncompressed final + {100 * TARGET_MARGIN:.0f})",
         "",
         "| updates | bytes per update | MB sent up | final mean test error (%) | MB up to the target |",
         "| --- | --- | --- | --- | --- |",
@@ -109,7 +116,8 @@ def main(argv=None) -> int:
         spread = statistics.stdev(errors) if len(errors) > 1 else 0.0
         reached = [megabytes_to_reach(r["curve"], target) for r in per_seed]
         reach = (
-            f"{statistics.fmean(reached):.2f}" if all(m is not None for m in reached)
+            f"{statistics.fmean(reached):.2f}"
+            if all(m is not None for m in reached)
             else f"reached by {sum(m is not None for m in reached)} of {len(reached)} seeds"
         )
         update = per_seed[0]["update_bytes"]

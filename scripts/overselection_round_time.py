@@ -71,8 +71,8 @@ def main(argv=None) -> int:
         f"FedAvg, label-shift (2,500 clients), 100 reports a round, diurnal availability (8 h a day), "
         f"200 rounds, seeds {' '.join(map(str, args.seeds))} (mean over seeds)",
         "",
-        "| overselect | s per round | reports per round | dropped per round (every 10th) | simulated time (h) | "
-        "mean test error (%) |",
+        "| overselect | s per round | reports per round | dropped per round (every 10th) | "
+        "simulated time (h) | "        "mean test error (%) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, per_seed in rows.items():

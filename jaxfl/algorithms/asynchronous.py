@@ -192,9 +192,13 @@ def asynchronous_algorithm(
 
     def round_fn(state: ServerState, population, key: Key) -> tuple[ServerState, Metrics]:
         if isinstance(population, GatheredCohort):
-            raise ValueError(f"{name} draws its clients on the device; a host-resident population is not supported")
+            raise ValueError(
+                f"{name} draws its clients on the device; a host-resident population is not supported"
+            )
         if population.num_clients != num_clients:
-            raise ValueError(f"{name} was built for {num_clients} training clients, got {population.num_clients}")
+            raise ValueError(
+                f"{name} was built for {num_clients} training clients, got {population.num_clients}"
+            )
         keys = round_keys(key, state.round)
         slots: InFlight = state.extra
         with jax.named_scope("arrivals"):
@@ -265,4 +269,3 @@ def asynchronous_algorithm(
         personal_models=no_personal_models,
         model_sends=arrivals_per_step,  # The K clients each step starts.
     )
-

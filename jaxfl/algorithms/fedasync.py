@@ -53,7 +53,9 @@ def fedasync(
     """
 
     def rule(state: ServerState, arrivals: Arrivals):
-        weight = state.hparams["async_mixing"] * staleness_weight(staleness, arrivals.staleness, state.hparams)
+        weight = state.hparams["async_mixing"] * staleness_weight(
+            staleness, arrivals.staleness, state.hparams
+        )
         mix = jnp.where(arrivals.holds_result[0], weight[0], 0.0)
         params = jax.tree.map(
             lambda x, new: ((1.0 - mix) * x + mix * new[0]).astype(x.dtype), state.params, arrivals.results
@@ -70,7 +72,9 @@ def fedasync(
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """FedAsync as the registry builds it for a run (the clock's device profiles)."""
     return fedasync(
-        engine.task, engine.local, concurrency(options, engine.clients_per_round, engine.training_clients("fedasync")),
+        engine.task,
+        engine.local,
+        concurrency(options, engine.clients_per_round, engine.training_clients("fedasync")),
         engine.training_clients("fedasync"), async_profiles(engine, "fedasync"), strategy=engine.strategy,
         staleness=options["staleness"],
     )  # fmt: skip

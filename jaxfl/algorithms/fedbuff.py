@@ -98,8 +98,10 @@ def async_profiles(engine: Engine, name: str) -> DeviceProfiles:
     if engine.clock is None:
         return lognormal_profiles(jax.random.key(0), engine.training_clients(name))
     if engine.clock.availability is not None:
-        raise ValueError(f"{name} runs with every client online (--availability always); availability windows "
-                         "apply to the synchronous rounds only")
+        raise ValueError(
+            f"{name} runs with every client online (--availability always); availability windows "
+            "apply to the synchronous rounds only"
+        )
     if engine.robustness is not None or engine.compression is not None:
         raise ValueError(f"{name} takes no attack, robust aggregator or compression")
     return engine.clock.profiles

@@ -456,7 +456,9 @@ class _ComposedRound:
             self.aggregator = None  # The round's own weighted mean, bit for bit.
         self.compression = options.get("compression")
         self.clock = options.get("clock")
-        self.cohort_size = c.clients_per_round if self.clock is None else self.clock.selected(c.clients_per_round)
+        self.cohort_size = c.clients_per_round
+        if self.clock is not None:
+            self.cohort_size = self.clock.selected(c.clients_per_round)
         self.attacked = None
         if self.robustness.attack is not None:
             if self.robustness.attacked is None:
@@ -516,9 +518,9 @@ class _ComposedRound:
             ]  # fmt: skip
             if reads_everyone:
                 raise ValueError(
-                    f"{c.name} has {reads_everyone[0]}, which reads every selected client's training; the clock "
-                    "drops clients after they trained (fedavg, fedprox, fedavg-sub, fedsgd, term, deltafl, "
-                    "feddane and perfedavg run on it)"
+                    f"{c.name} has {reads_everyone[0]}, which reads every selected client's training; "
+                    "the clock drops clients after they trained (fedavg, fedprox, fedavg-sub, fedsgd, term, "
+                    "deltafl, feddane and perfedavg run on it)"
                 )
         if self.compression is not None and self.compression.error_feedback:
             if self.strategy.host_client_state:
@@ -563,8 +565,8 @@ class _ComposedRound:
             else:
                 if isinstance(population, GatheredCohort):
                     raise ValueError(
-                        "the clock selects among the clients online in the round, on the device; a host-resident "
-                        "population's cohorts are drawn ahead of it"
+                        "the clock selects among the clients online in the round, on the device; a "
+                        "host-resident population's cohorts are drawn ahead of it"
                     )
                 selection = select_online(
                     self.clock, state.clock, keys.sampling, population.num_clients, self.cohort_size
@@ -735,7 +737,8 @@ class _ComposedRound:
             upload + side,
         )
         metrics = {**(client_plan.metrics or {}), **outcome.metrics}
-        return client_plan._replace(active=outcome.reporting, metrics=metrics), selection.start + outcome.seconds
+        end = selection.start + outcome.seconds
+        return client_plan._replace(active=outcome.reporting, metrics=metrics), end
 
     def _compress(self, results, cohort, client_plan, residuals, server_key):
         """The reporting clients' updates as the server decodes them, and the residual rows (or ())."""

@@ -6,6 +6,7 @@ from jaxfl.clock.reporting import Clock, reports, select_online
 from jaxfl.clock.traces import read_availability, read_profiles
 
 __all__ = [
-    "Availability", "Clock", "DeviceProfiles", "client_durations", "diurnal_availability", "lognormal_profiles",
+    "Availability", "Clock", "DeviceProfiles", "client_durations", "diurnal_availability",
+    "lognormal_profiles",
     "next_online", "online", "online_until", "read_availability", "read_profiles", "reports", "select_online",
 ]  # fmt: skip

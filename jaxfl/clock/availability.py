@@ -98,7 +98,9 @@ def check_availability(availability: Availability) -> None:
     bad = ~((start >= 0) & (start < period) & (length >= 0) & (length <= period))
     if bad.any():
         client = int(np.argwhere(bad)[0, 0])
-        raise ValueError(f"client {client} has an online window outside [0, {period:g}) s or of negative length")
+        raise ValueError(
+            f"client {client} has an online window outside [0, {period:g}) s or of negative length"
+        )
     never = ~(length > 0).any(axis=1)
     if never.any():
         raise ValueError(

@@ -66,9 +66,13 @@ def lognormal_profiles(
 
 
 def client_durations(
-    profiles: DeviceProfiles, client_ids: jax.Array, num_steps: jax.Array, download_bytes: int, upload_bytes: int
+    profiles: DeviceProfiles,
+    client_ids: jax.Array,
+    num_steps: jax.Array,
+    download_bytes: int,
+    upload_bytes: int,
 ) -> jax.Array:
-    """`[M]` seconds each client takes: download, `num_steps` local steps, upload (see the module docstring)."""
+    """`[M]` seconds each client takes: download, `num_steps` local steps, upload (module docstring)."""
     return (
         download_bytes / profiles.download_bytes_per_s[client_ids]
         + num_steps.astype(jnp.float32) * profiles.step_seconds[client_ids]
@@ -84,4 +88,6 @@ def check_profiles(profiles: DeviceProfiles, num_clients: int) -> None:
             raise ValueError(f"device profiles: {name} holds {values.shape} values for {num_clients} clients")
         bad = ~(np.isfinite(values) & (values > 0))
         if bad.any():
-            raise ValueError(f"device profiles: client {int(np.argmax(bad))}'s {name} is not a positive number")
+            raise ValueError(
+                f"device profiles: client {int(np.argmax(bad))}'s {name} is not a positive number"
+            )

@@ -1,4 +1,4 @@
-"""A synchronous round on the simulated clock: who is selected, who reports by the deadline, how long it takes.
+"""A synchronous round on the simulated clock: who is selected, who reports in time, how long it takes.
 
 At simulated time t (the state's `clock`; if no client is online then, the
 next time one is) the server selects M' = ceil(overselect * M) of the online
@@ -60,9 +60,13 @@ class Clock:
 
     def __post_init__(self):
         if not (math.isfinite(self.overselect) and self.overselect >= 1.0):
-            raise ValueError(f"overselect must be >= 1 (select at least the clients that report), got {self.overselect!r}")
+            raise ValueError(
+                f"overselect must be >= 1 (select at least the clients that report), got {self.overselect!r}"
+            )
         if self.deadline is not None and not (math.isfinite(self.deadline) and self.deadline > 0):
-            raise ValueError(f"the report deadline must be a positive number of seconds, got {self.deadline!r}")
+            raise ValueError(
+                f"the report deadline must be a positive number of seconds, got {self.deadline!r}"
+            )
 
     def selected(self, clients_per_round: int) -> int:
         """M', the clients selected for M reports."""
@@ -99,7 +103,9 @@ def select_online(clock: Clock, t: jax.Array, key: jax.Array, num_clients: int, 
         is_online = online(clock.availability, t)
     scores = jnp.where(is_online, jax.random.gumbel(key, (num_clients,)), -jnp.inf)
     _, client_ids = jax.lax.top_k(scores, count)
-    return Selection(t, client_ids.astype(jnp.int32), is_online[client_ids], jnp.sum(is_online).astype(jnp.int32))
+    return Selection(
+        t, client_ids.astype(jnp.int32), is_online[client_ids], jnp.sum(is_online).astype(jnp.int32)
+    )
 
 
 class Reports(NamedTuple):
@@ -192,6 +198,7 @@ def check_someone_can_report(
         if clock.availability is not None:
             bounds.append(f"its longest online window {longest[fastest]:g} s")
         raise ValueError(
-            f"no training client can ever report: the fastest, client {fastest}, needs {durations[fastest]:.4g} s "
+            f"no training client can ever report: the fastest, client {fastest}, needs "
+            f"{durations[fastest]:.4g} s "
             f"to download, train and upload, and {' and '.join(bounds)}"
         )

@@ -52,7 +52,9 @@ def _rows(path: str | os.PathLike, columns: tuple[str, ...]):
         reader = csv.reader(handle)
         header = [cell.strip() for cell in next(reader, [])]
         if tuple(header) != columns:
-            raise ValueError(f"{path}: line 1 must be the header {','.join(columns)}, got {','.join(header)!r}")
+            raise ValueError(
+                f"{path}: line 1 must be the header {','.join(columns)}, got {','.join(header)!r}"
+            )
         for line, row in enumerate(reader, start=2):
             if not row or not "".join(row).strip():
                 continue
@@ -73,7 +75,9 @@ def _client(path, line: int, value: float, num_clients: int) -> int:
     return int(value)
 
 
-def read_availability(path: str | os.PathLike, num_clients: int, period: float = WEEK_SECONDS) -> Availability:
+def read_availability(
+    path: str | os.PathLike, num_clients: int, period: float = WEEK_SECONDS
+) -> Availability:
     """The online windows of `num_clients` training clients from a CSV trace (see the module docstring).
 
     Raises:
@@ -145,7 +149,8 @@ def read_profiles(path: str | os.PathLike, num_clients: int) -> DeviceProfiles:
     missing = np.isnan(values[:, 0])
     if missing.any():
         raise ValueError(
-            f"{path}: {int(missing.sum())} training clients have no row (first: client {int(np.argmax(missing))})"
+            f"{path}: {int(missing.sum())} training clients have no row "
+            f"(first: client {int(np.argmax(missing))})"
         )
     profiles = DeviceProfiles(*(jnp.asarray(column, jnp.float32) for column in values.T))
     check_profiles(profiles, num_clients)

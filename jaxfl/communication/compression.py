@@ -106,7 +106,7 @@ class UpdateCompression:
         return self.name in UNBIASED and not self.error_feedback
 
     def variance_factor(self, dimension: int) -> float:
-        """omega, with E ||C(x) - x||^2 <= omega ||x||^2 for the unbiased compressor of a `[dimension]` update."""
+        """omega: E ||C(x) - x||^2 <= omega ||x||^2 for the unbiased compressor of a `[dimension]` update."""
         size = self.sent_size(dimension)
         if self.name == "rand-k":
             return size / self.kept(dimension) - 1.0

@@ -88,8 +88,11 @@ def round_traffic(algorithm: Any, params: Params) -> Traffic | None:
         update = -(-compression.encoded_bits(dimension) // 8)
         described = {
             "compressor": compression.name,
-            **({"bits": compression.bits, "bucket_size": compression.bucket_size}
-               if compression.name == "qsgd" else {"kept": compression.kept(dimension)}),
+            **(
+                {"bits": compression.bits, "bucket_size": compression.bucket_size}
+                if compression.name == "qsgd"
+                else {"kept": compression.kept(dimension)}
+            ),
             "rotation": compression.rotation,
             "error_feedback": compression.error_feedback,
             "unbiased": compression.unbiased,

@@ -201,12 +201,16 @@ class RunConfig:
         "staleness", "weight s of an update by its staleness (Xie et al. 2019): constant 1, polynomial "
         "(1 + s)^-a (a = 1/2: FedBuff's), hinge", choices=("constant", "polynomial", "hinge"),
     )
-    staleness_exponent: float = _field(0.5, "fedbuff, fedasync: a of the polynomial and hinge staleness weights",
-                                       low=0.0)
-    staleness_hinge: float = _field(4.0, "fedbuff, fedasync: b, the staleness the hinge weight starts after",
-                                    low=0.0)
-    async_mixing: float = _field(0.6, "fedasync: alpha in (0, 1], the mixing weight of a fresh update", low=0.0,
-                                 high=1.0, low_open=True)
+    staleness_exponent: float = _field(
+        0.5, "fedbuff, fedasync: a of the polynomial and hinge staleness weights", low=0.0
+    )
+    staleness_hinge: float = _field(
+        4.0, "fedbuff, fedasync: b, the staleness the hinge weight starts after", low=0.0
+    )
+    async_mixing: float = _field(
+        0.6, "fedasync: alpha in (0, 1], the mixing weight of a fresh update",
+        low=0.0, high=1.0, low_open=True,
+    )
     feddyn_alpha: float = _field(
         0.01, "feddyn: alpha > 0 of the dynamic regularizer -<g_k, w> + alpha/2 ||w - w_t||^2 (Acar et al. "
         "2021 tune it in {0.1, 0.01, 0.001})", low=0.0, low_open=True,
@@ -427,7 +431,9 @@ class RunConfig:
         604800.0, "an availability trace repeats with this period in seconds (default one week)",
         low=0.0, low_open=True,
     )
-    diurnal_hours: float = _field(8.0, "diurnal availability: hours online a day", low=0.0, high=24.0, low_open=True)
+    diurnal_hours: float = _field(
+        8.0, "diurnal availability: hours online a day", low=0.0, high=24.0, low_open=True
+    )
     device_profiles: str = _field(
         "lognormal", "the clients' devices: 'lognormal' (docs/clock.md gives the medians) or a CSV FILE "
         "(client,step_seconds,download_bytes_per_s,upload_bytes_per_s)",
@@ -437,7 +443,8 @@ class RunConfig:
         "reports (Bonawitz et al. 2019 use 1.3)", low=1.0,
     )
     report_deadline: float | None = _field(
-        None, "seconds the server waits for reports (unset: until every selected client has reported or dropped)",
+        None,
+        "seconds the server waits for reports (unset: until every selected client has reported or dropped)",
         low=0.0, low_open=True, optional=True,
     )
     dp_bins: int = _option(
@@ -1049,9 +1056,14 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
             if name in changed:
                 messages.append(f"{name} is qsgd's; {config.compression} does not quantize; ignored")
     if config.availability is None:
-        for name in ("availability_period", "diurnal_hours", "device_profiles", "overselect", "report_deadline"):
+        clock_settings = (
+            "availability_period", "diurnal_hours", "device_profiles", "overselect", "report_deadline",
+        )  # fmt: skip
+        for name in clock_settings:
             if name in changed:
-                messages.append(f"{name} is a setting of the simulated clock, which --availability turns on; ignored")
+                messages.append(
+                    f"{name} is a setting of the simulated clock, which --availability turns on; ignored"
+                )
     if "eval_every" in changed and config.eval_every > config.rounds:
         messages.append(
             f"eval_every={config.eval_every} is more than rounds={config.rounds}: the run is evaluated "

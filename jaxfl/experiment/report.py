@@ -707,7 +707,8 @@ def _draw_error_against(runs, colors, key: str, scale: float, xlabel: str):
                 drawn = True
     if not drawn:
         return None
-    for ax, title in zip(axes, ("mean test error", "90th percentile of the test clients' error"), strict=True):
+    titles = ("mean test error", "90th percentile of the test clients' error")
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test error (%)")

@@ -157,7 +157,8 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
             "clients are host-resident here (use --residency device, or fewer clients)"
         )
     num_clients = dataset.train.num_clients
-    profile_key, availability_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), CLOCK_STREAM))
+    clock_key = jax.random.fold_in(jax.random.key(config.seed), CLOCK_STREAM)
+    profile_key, availability_key = jax.random.split(clock_key)
     try:
         if config.device_profiles == "lognormal":
             profiles = lognormal_profiles(profile_key, num_clients)
@@ -165,7 +166,9 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
             profiles = read_profiles(config.device_profiles, num_clients)
         availability = None
         if asynchronous and config.availability not in (None, "always"):
-            raise ValueError(f"{asynchronous[0]} runs with every client online: --availability always, or unset")
+            raise ValueError(
+                f"{asynchronous[0]} runs with every client online: --availability always, or unset"
+            )
         if config.availability == "diurnal":
             availability = diurnal_availability(availability_key, num_clients, config.diurnal_hours)
         elif config.availability not in (None, "always"):
@@ -420,7 +423,8 @@ def setup(config: RunConfig) -> Setup:
                 f"{name} writes its own round, which sends its updates uncompressed: --compression applies "
                 "to the composed rounds of the other algorithms"
             )
-        if engine.clock is not None and algorithms[name].composition is None and name not in ASYNCHRONOUS_ALGORITHMS:
+        own_round = algorithms[name].composition is None and name not in ASYNCHRONOUS_ALGORITHMS
+        if engine.clock is not None and own_round:
             raise ConfigError(f"{name} writes its own round, which does not run on the simulated clock")
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
         privacy = algorithm_spec(name).privacy

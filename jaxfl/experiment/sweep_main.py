@@ -188,7 +188,8 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                             row[f"personal_{where}_error_{column}"] = personal.get(key)
                     row.update(privacy_columns(result.summary.get("privacy")))
                     # Accuracy against communication (jaxfl.communication.traffic).
-                    row.update({k: result.summary[k] for k in ("bytes_up", "bytes_down") if k in result.summary})
+                    sent = ("bytes_up", "bytes_down")
+                    row.update({k: result.summary[k] for k in sent if k in result.summary})
                     rows.append(row)
                     if result.diverged:
                         diverged.append((index + offset, result.diverged))

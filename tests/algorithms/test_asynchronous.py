@@ -27,7 +27,10 @@ _epoch_orders = jax.jit(epoch_orders, static_argnums=(2, 3))
 def _train(kernel, bias, client, keys, mu):
     data = POPULATION.client(client)
     orders = _epoch_orders(
-        jax.random.fold_in(keys.clients, client), POPULATION.counts[client], POPULATION.max_count, LOCAL.num_epochs
+        jax.random.fold_in(keys.clients, client),
+        POPULATION.counts[client],
+        POPULATION.max_count,
+        LOCAL.num_epochs,
     )
     return local_sgd_reference(
         kernel, bias, data["x"], data["y"], np.asarray(orders),

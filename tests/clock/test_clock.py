@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from algorithms.reference_rounds import (
     LOCAL,
-    POPULATION,
     SIZES,
     TASK,
     assert_params_close,
@@ -109,7 +108,13 @@ def _clock_round(t, gumbel, profiles, count, target, deadline, model_bytes):
         seconds = events[needed - 1][0] if needed else 0.0
     else:  # The server waits out the deadline, or for every selected client to complete or drop.
         seconds = deadline if deadline is not None else waited
-    return order, reporting, t, t + seconds, {"clients_online": int(is_online.sum()), "clients_dropped": dropped}
+    return (
+        order,
+        reporting,
+        t,
+        t + seconds,
+        {"clients_online": int(is_online.sum()), "clients_dropped": dropped},
+    )
 
 
 @pytest.mark.parametrize("deadline, target", [(1.2, 3), (None, 4)])
@@ -138,7 +143,9 @@ def test_rounds_with_overselection_and_a_deadline_equal_a_discrete_event_loop(de
     def plan(r, ids, alpha, losses, key, memory):
         return {"active": memory["reporting"]}
 
-    kernel, bias, _ = reference_rounds(params, key, rounds, clients_per_round=selected, lr=0.1, plan=plan, select=select)
+    kernel, bias, _ = reference_rounds(
+        params, key, rounds, clients_per_round=selected, lr=0.1, plan=plan, select=select
+    )
     assert_params_close(state.params, kernel, bias)
     np.testing.assert_allclose(float(state.clock), times[-1], rtol=1e-5)
     for got, want in zip(history, expected, strict=True):
@@ -159,7 +166,11 @@ def test_clock_refuses_algorithms_that_read_every_selected_client():
 
 @pytest.mark.parametrize(
     "kwargs, words",
-    [({"overselect": 0.9}, "overselect"), ({"deadline": 0.0}, "deadline"), ({"deadline": math.inf}, "deadline")],
+    [
+        ({"overselect": 0.9}, "overselect"),
+        ({"deadline": 0.0}, "deadline"),
+        ({"deadline": math.inf}, "deadline"),
+    ],
 )
 def test_bad_clock_settings_are_refused(kwargs, words):
     with pytest.raises(ValueError, match=words):
@@ -200,7 +211,9 @@ def test_traces_are_read_merged_and_refused_in_one_line(tmp_path):
             read_availability(trace, 2, period=100.0)
         assert "\n" not in str(error.value) and str(trace) in str(error.value)
     profiles = tmp_path / "profiles.csv"
-    profiles.write_text("client,step_seconds,download_bytes_per_s,upload_bytes_per_s\n1,0.5,100,50\n0,1,2,3\n")
+    profiles.write_text(
+        "client,step_seconds,download_bytes_per_s,upload_bytes_per_s\n1,0.5,100,50\n0,1,2,3\n"
+    )
     assert np.asarray(read_profiles(profiles, 2).step_seconds).tolist() == [1.0, 0.5]
     profiles.write_text("client,step_seconds,download_bytes_per_s,upload_bytes_per_s\n0,1,2,3\n")
     with pytest.raises(ValueError, match="1 training clients have no row"):

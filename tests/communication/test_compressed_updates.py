@@ -146,7 +146,9 @@ def test_bucketed_quantization_uses_each_buckets_norm_and_with_rotation_stays_un
         magnitude = np.abs(values[:, part])
         assert np.all(np.isclose(magnitude, 0.0) | np.isclose(magnitude, norm, rtol=1e-5))
     rotated = UpdateCompression("qsgd", bits=2, bucket_size=4, rotation=True)
-    values = np.asarray(jax.jit(jax.vmap(rotated.compress, in_axes=(None, 0)))(jnp.asarray(x), keys), np.float64)
+    values = np.asarray(
+        jax.jit(jax.vmap(rotated.compress, in_axes=(None, 0)))(jnp.asarray(x), keys), np.float64
+    )
     # 1 bit per level over 4 coordinates: the error's variance is at most ||bucket||^2 each (loose bound).
     stderr = np.linalg.norm(x) / np.sqrt(draws)
     np.testing.assert_array_less(np.abs(values.mean(axis=0) - x), 5 * stderr)
@@ -164,12 +166,16 @@ def test_with_error_feedback_unbiased_compressors_become_contractions(compressio
     # E ||C(x) - x||^2 <= (1 - delta) ||x||^2, delta = k / d unscaled rand-k, 1 / (1 + omega) scaled qsgd.
     x = np.random.default_rng(3).normal(size=20).astype(np.float32)
     keys = jax.random.split(jax.random.key(4), 3000)
-    values = np.asarray(jax.jit(jax.vmap(compression.compress, in_axes=(None, 0)))(jnp.asarray(x), keys), np.float64)
+    values = np.asarray(
+        jax.jit(jax.vmap(compression.compress, in_axes=(None, 0)))(jnp.asarray(x), keys), np.float64
+    )
     delta = 0.2 if compression.name == "rand-k" else 1 / (1 + compression.variance_factor(20))
     error = np.mean(np.sum((values - x) ** 2, axis=1))
     assert error <= (1 - delta) * np.sum(x.astype(np.float64) ** 2) * 1.02
     if compression.name == "rand-k":  # Exactly the dropped coordinates' mass, unscaled.
-        np.testing.assert_allclose(values[values != 0], np.broadcast_to(x, values.shape)[values != 0], rtol=1e-6)
+        np.testing.assert_allclose(
+            values[values != 0], np.broadcast_to(x, values.shape)[values != 0], rtol=1e-6
+        )
     assert not compression.unbiased
 
 
@@ -184,7 +190,9 @@ def test_code_sizes_count_what_each_compressor_sends():
     assert UpdateCompression("rand-k", fraction=0.01).encoded_bits(d) == 10 * 32
     assert UpdateCompression("top-k", fraction=0.0101).encoded_bits(d) == 11 * (32 + 10)
     traffic = round_traffic(
-        fedavg(TASK, LOCAL, 4, strategy=ClientStrategy("vmap"), compression=UpdateCompression("qsgd", bits=1)),
+        fedavg(
+            TASK, LOCAL, 4, strategy=ClientStrategy("vmap"), compression=UpdateCompression("qsgd", bits=1)
+        ),
         initial_params(),
     )
     assert (traffic.model_bytes, traffic.update_bytes) == (18 * 4, -(-(32 + 18 * 2) // 8))
@@ -213,4 +221,6 @@ def test_bad_settings_are_refused_in_one_line(kwargs, words):
 def test_error_feedback_refuses_host_resident_client_state():
     compression = UpdateCompression("top-k", error_feedback=True, num_clients=N)
     with pytest.raises(ValueError, match="host-resident"):
-        fedavg(TASK, LOCAL, 4, strategy=ClientStrategy("vmap", host_client_state=True), compression=compression)
+        fedavg(
+            TASK, LOCAL, 4, strategy=ClientStrategy("vmap", host_client_state=True), compression=compression
+        )

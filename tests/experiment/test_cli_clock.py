@@ -25,7 +25,8 @@ def test_simulated_time_adds_up_the_rounds_durations(tmp_path, capsys):
     out = tmp_path / "run"
     status = main([
         "run", *TINY, "--algorithm", "fedavg", "--availability", trace, "--availability-period", "2000",
-        "--device-profiles", str(profiles), "--overselect", "1.5", "--report-deadline", "30", "--out", str(out),
+        "--device-profiles", str(profiles), "--overselect", "1.5", "--report-deadline", "30",
+        "--out", str(out),
     ])  # fmt: skip
     assert status == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -58,8 +59,14 @@ def test_simulated_time_adds_up_the_rounds_durations(tmp_path, capsys):
         (["--availability", "always", "--algorithm", "scaffold"], ["scaffold", "clock drops clients"]),
         (["--availability", "always", "--overselect", "6"], ["overselect=6", "more than the 40"]),
         (["--availability", "always", "--device-profiles", "{missing}"], ["cannot be read"]),
-        (["--algorithm", "fedbuff", "--concurrency", "5"], ["fedbuff", "buffer of 8 arrivals", "concurrency 5"]),
-        (["--algorithm", "fedasync", "--availability", "diurnal"], ["fedasync runs with every client online"]),
+        (
+            ["--algorithm", "fedbuff", "--concurrency", "5"],
+            ["fedbuff", "buffer of 8 arrivals", "concurrency 5"],
+        ),
+        (
+            ["--algorithm", "fedasync", "--availability", "diurnal"],
+            ["fedasync runs with every client online"],
+        ),
     ],
 )
 def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, words):
@@ -73,11 +80,3 @@ def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, 
     out = tmp_path / "run"
     argv = ["run", *TINY, *[a.format(**files) for a in args], "--out", str(out)]
     assert_cli_refuses(argv, words, out, capsys)
-
-
-def test_clock_settings_without_availability_are_reported_ignored(tmp_path, capsys):
-    status = main(["run", *TINY, "--rounds", "1", "--overselect", "1.3", "--out", str(tmp_path / "run")])
-    assert status == 0
-    assert "overselect is a setting of the simulated clock, which --availability turns on; ignored" in (
-        capsys.readouterr().err
-    )

@@ -1,6 +1,7 @@
 """Compressed updates from the command line: the bytes in metrics.jsonl and summary.json against the
 code's size and the uploads, and the settings that cannot apply refused or warned about in one line."""
 
+import dataclasses
 import json
 
 import pytest
@@ -33,7 +34,10 @@ def test_bytes_follow_from_the_code_size_and_the_clients_that_uploaded(tmp_path,
             assert record["client_uploads"] == uploads
             assert record["bytes_up"] == uploads * code["update_bytes"]
             assert record["bytes_down"] == record["round"] * 8 * model_bytes
-        assert (summary["bytes_up"], summary["bytes_down"]) == (records[-1]["bytes_up"], records[-1]["bytes_down"])
+        assert (summary["bytes_up"], summary["bytes_down"]) == (
+            records[-1]["bytes_up"],
+            records[-1]["bytes_down"],
+        )
         # FedAvg's every client uploads; Delta-FL's tail only (theta = 0.5 of 8 after the first round).
         assert uploads == 24 if name == "fedavg" else 8 <= uploads < 24
     # The report draws error against bytes for a compressed run, from these records.
@@ -59,7 +63,22 @@ def test_settings_that_cannot_apply_are_refused_in_one_line(tmp_path, capsys, ar
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
 
 
-def test_compression_options_without_compression_are_reported_ignored(tmp_path, capsys):
-    status = main(["run", *TINY, "--rounds", "1", "--error-feedback", "--out", str(tmp_path / "run")])
-    assert status == 0
-    assert "error_feedback is an option of --compression, which is unset; ignored" in capsys.readouterr().err
+def test_compression_and_clock_settings_that_cannot_apply_are_reported_ignored():
+    from jaxfl.experiment.config import RunConfig, setting_warnings
+
+    def warnings(changed, **settings):
+        return setting_warnings(dataclasses.replace(RunConfig(), **settings), changed)
+
+    assert warnings(["error_feedback"], error_feedback=True) == [
+        "error_feedback is an option of --compression, which is unset; ignored"
+    ]
+    assert warnings(["compression_bits"], compression="top-k") == [
+        "compression_bits is qsgd's; top-k does not quantize; ignored"
+    ]
+    assert warnings(["compression_fraction"], compression="qsgd") == [
+        "compression_fraction is rand-k's and top-k's; qsgd sends every coordinate; ignored"
+    ]
+    assert warnings(["overselect"], overselect=1.3) == [
+        "overselect is a setting of the simulated clock, which --availability turns on; ignored"
+    ]
+    assert warnings(["overselect"], overselect=1.3, availability="always") == []

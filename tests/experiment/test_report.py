@@ -39,7 +39,9 @@ from jaxfl.experiment.report import (
 )
 
 # Every figure but those drawn only where a run compressed its updates or ran on the simulated clock.
-UNCOMPRESSED_FIGURES = tuple(name for name in FIGURES if name not in ("error_vs_bytes.png", "error_vs_time.png"))
+UNCOMPRESSED_FIGURES = tuple(
+    name for name in FIGURES if name not in ("error_vs_bytes.png", "error_vs_time.png")
+)
 
 TINY = [
     "--dataset-option", "num_train_clients=40", "--dataset-option", "num_validation_clients=0",
