@@ -140,8 +140,9 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
     Runs of an asynchronous algorithm (FedBuff, FedAsync) always have one,
     every client online.
 
-    Profiles and diurnal start hours are drawn from the seed (key
-    `fold_in(key(seed), CLOCK_STREAM)`).
+    Log-normal profiles and diurnal start hours are drawn from a fixed key,
+    `fold_in(key(0), CLOCK_STREAM)`, whatever the run's seed: they are the
+    simulated population's, like its data.
 
     Raises:
       ConfigError: an unreadable or malformed trace, a setting out of range,
@@ -157,7 +158,9 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
             "clients are host-resident here (use --residency device, or fewer clients)"
         )
     num_clients = dataset.train.num_clients
-    clock_key = jax.random.fold_in(jax.random.key(config.seed), CLOCK_STREAM)
+    # The devices belong to the simulated population, like its data: the same for every seed, so that a
+    # sweep's seeds (one engine) vary the training and each point is the single run of its settings.
+    clock_key = jax.random.fold_in(jax.random.key(0), CLOCK_STREAM)
     profile_key, availability_key = jax.random.split(clock_key)
     try:
         if config.device_profiles == "lognormal":
