@@ -424,8 +424,8 @@ class RunConfig:
     availability: str | None = _field(
         None, "run rounds on a simulated clock, clients online 'always', 'diurnal' (--diurnal-hours a day "
         "from a start hour drawn per client) or as a CSV trace FILE (client,start,end seconds; unset: no "
-        "clock, every sampled client reports and rounds take no time)",
-        optional=True,
+        "clock, every sampled client reports and rounds take no time; fedbuff and fedasync run on it always)",
+        optional=True, default_text="no clock",
     )
     availability_period: float = _field(
         604800.0, "an availability trace repeats with this period in seconds (default one week)",
