@@ -18,7 +18,16 @@ from algorithms.reference_rounds import (
 )
 
 from jaxfl.algorithms import fedavg, scaffold
-from jaxfl.clock import Availability, Clock, lognormal_profiles, next_online, online, online_until
+from jaxfl.clock import (
+    Availability,
+    Clock,
+    lognormal_profiles,
+    next_online,
+    online,
+    online_until,
+    reports,
+    select_online,
+)
 from jaxfl.clock.availability import check_availability
 from jaxfl.clock.traces import read_availability, read_profiles
 from jaxfl.training import ClientStrategy
@@ -218,3 +227,22 @@ def test_traces_are_read_merged_and_refused_in_one_line(tmp_path):
     profiles.write_text("client,step_seconds,download_bytes_per_s,upload_bytes_per_s\n0,1,2,3\n")
     with pytest.raises(ValueError, match="1 training clients have no row"):
         read_profiles(profiles, 2)
+
+
+def test_without_a_deadline_the_round_waits_until_the_last_client_completed_or_went_offline():
+    # Client 0 needs 5 s but goes offline after 2 s; clients 1 and 2 complete in 1 and 1.5 s.
+    availability = _availability([[(0.0, 2.0)], [(0.0, 10.0)], [(0.0, 10.0)]])
+    profiles = lognormal_profiles(jax.random.key(0), 3, sigma=0.0)._replace(
+        step_seconds=jnp.asarray([5.0, 1.0, 1.5], jnp.float32)
+    )
+    clock = Clock(profiles, availability)
+    selection = select_online(clock, jnp.float32(0.0), jax.random.key(1), 3, 3)
+    steps = jnp.ones(3, jnp.int32)
+    outcome = reports(clock, selection, jnp.ones(3, bool), steps, 3, 0, 0)
+    reporting = dict(zip(np.asarray(selection.client_ids).tolist(), np.asarray(outcome.reporting).tolist()))
+    assert reporting == {0: False, 1: True, 2: True}
+    assert float(outcome.seconds) == pytest.approx(2.0)  # Client 0 dropped at 2 s; nobody is left.
+    assert int(outcome.metrics["clients_dropped"]) == 1
+    # Two reports are all the round needs when only two clients train: it ends at the second, 1.5 s.
+    outcome = reports(clock, selection, jnp.asarray(selection.client_ids) != 0, steps, 3, 0, 0)
+    assert float(outcome.seconds) == pytest.approx(1.5)
