@@ -12,7 +12,12 @@ A round of an asynchronous algorithm is one server step:
    when the slot freed, on the model as it is before this step's update (a
    client starting at the instant of an update takes the model before it),
    trains with key `fold_in(keys.clients, id)`, and its result waits in the
-   slot, to arrive later;
+   slot, to arrive later. With online windows (`availability`), the slots
+   are filled in the order they freed, each at the first time some client is
+   online, with a client online then (not in flight, not drawn for an earlier
+   slot); a client that goes offline before it finishes frees its slot then,
+   without a result, and a slot that finds no client tries again at the next
+   step;
 3. **server rule**: the algorithm's update from the arrivals' results and
    staleness (FedBuff's buffered mean, FedAsync's mixing); the server
    version advances when at least one arrival carried a result.
@@ -48,6 +53,7 @@ from jaxfl.algorithms.base import (
     server_optimizer,
 )
 from jaxfl.algorithms.stages import LOCAL_HPARAM_DEFAULTS
+from jaxfl.clock.availability import Availability, next_online, online, online_until
 from jaxfl.clock.profiles import DeviceProfiles, client_durations
 from jaxfl.communication.traffic import model_bytes
 from jaxfl.data.population import GatheredCohort
@@ -96,6 +102,30 @@ class Arrivals(NamedTuple):
 ServerRule = Callable[[ServerState, Arrivals], tuple[Params, Any, Metrics]]
 
 
+def _online_replacements(
+    availability: Availability, free_at: jax.Array, busy: jax.Array, key: Key
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Each freed slot's new client, in the order the slots freed: `(ids [K], starts [K], started [K])`.
+
+    Slot j starts at the first time >= its free time at which some client is
+    online, with a client drawn uniformly (Gumbel argmax, draws `[K, N]`
+    from `key`) among those online then, not in flight and not drawn for an
+    earlier slot; where there is none it stays empty (`started` False, id 0).
+    """
+    gumbel = jax.random.gumbel(key, (free_at.shape[0], busy.shape[0]))
+
+    def pick(taken, inputs):
+        free, draws = inputs
+        start = next_online(availability, free)
+        scores = jnp.where(online(availability, start) & ~taken, draws, -jnp.inf)
+        client = jnp.argmax(scores).astype(jnp.int32)
+        started = jnp.isfinite(scores[client])
+        return taken.at[client].set(taken[client] | started), (jnp.where(started, client, 0), start, started)
+
+    _, (ids, starts, started) = jax.lax.scan(pick, busy, (free_at, gumbel))
+    return ids, starts, started
+
+
 def staleness_weight(kind: str, staleness: jax.Array, hparams: Mapping[str, jax.Array]) -> jax.Array:
     """s(staleness) of Xie et al. 2019, Section 5.2 (FedBuff's 1 / sqrt(1 + s) is the polynomial, a = 1/2).
 
@@ -124,6 +154,7 @@ def asynchronous_algorithm(
     profiles: DeviceProfiles,
     rule: ServerRule,
     *,
+    availability: Availability | None = None,
     strategy: ClientStrategy,
     keeps: str = "update",
     proximal: str | None = None,
@@ -141,6 +172,8 @@ def asynchronous_algorithm(
       num_clients: N; the concurrency must be at most N.
       profiles: the clients' devices (their durations).
       rule: the server's update from the arrivals.
+      availability: the clients' online windows (`jaxfl.clock.availability`),
+        or None: always online.
       strategy: how the K new clients' training is laid out.
       keeps: what a slot keeps of its client: 'update' (local model minus
         the model it downloaded) or 'model' (the local model).
@@ -213,17 +246,31 @@ def asynchronous_algorithm(
         with jax.named_scope("replacements"):
             busy = jnp.zeros(num_clients + 1, bool).at[slots.client_ids].set(True)
             busy = busy.at[slots.client_ids[arrived]].set(False)[:num_clients]  # Id -1 (empty) lands past N.
-            scores = jnp.where(busy, -jnp.inf, jax.random.gumbel(keys.sampling, (num_clients,)))
-            _, new_ids = jax.lax.top_k(scores, arrivals_per_step)
-            new_ids = new_ids.astype(jnp.int32)
+            free_at = slots.finish[arrived]
+            if availability is None:
+                scores = jnp.where(busy, -jnp.inf, jax.random.gumbel(keys.sampling, (num_clients,)))
+                _, new_ids = jax.lax.top_k(scores, arrivals_per_step)
+                new_ids = new_ids.astype(jnp.int32)
+                started, starts = jnp.ones(arrivals_per_step, bool), free_at
+            else:
+                new_ids, starts, started = _online_replacements(availability, free_at, busy, keys.sampling)
             lr = local_learning_rate(state.hparams, state.round)
             results = train_cohort(
                 task, local, strategy, state.params, population, new_ids, keys.clients,
                 LocalHParams(lr=lr, l2=state.hparams["l2"],
                              prox_mu=None if proximal is None else state.hparams[proximal]),
+                active=None if availability is None else started,
             )  # fmt: skip
             size = model_bytes(state.params)
             durations = client_durations(profiles, new_ids, results.num_steps, size, size)
+            finish, completes = starts + durations, started
+            if availability is not None:
+                # A client that goes offline before it finishes frees its slot then, without a result; a slot
+                # that found no client tries again at the next step.
+                until = jax.vmap(lambda t, client: online_until(availability, t)[client])(starts, new_ids)
+                offline_in = until - starts
+                completes = started & (durations <= offline_in)
+                finish = jnp.where(started, starts + jnp.minimum(durations, offline_in), now)
             kept = results.deltas
             if keeps == "model":
                 kept = jax.tree.map(lambda delta, w: delta + w[None], results.deltas, state.params)
@@ -232,11 +279,11 @@ def asynchronous_algorithm(
             updated = jnp.any(arrivals.holds_result)
         new_slots = InFlight(
             results=jax.tree.map(lambda old, new: old.at[arrived].set(new), slots.results, kept),
-            client_ids=slots.client_ids.at[arrived].set(new_ids),
+            client_ids=slots.client_ids.at[arrived].set(jnp.where(started, new_ids, -1)),
             version=slots.version.at[arrived].set(slots.server_version),
-            finish=slots.finish.at[arrived].set(slots.finish[arrived] + durations),
+            finish=slots.finish.at[arrived].set(finish),
             alpha=slots.alpha.at[arrived].set(population.cohort_weights(client_weighting, new_ids)),
-            holds_result=slots.holds_result.at[arrived].set(True),
+            holds_result=slots.holds_result.at[arrived].set(completes),
             server_version=slots.server_version + updated.astype(jnp.int32),
         )
         reporting = arrivals.holds_result

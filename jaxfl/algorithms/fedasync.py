@@ -28,8 +28,9 @@ import jax.numpy as jnp
 
 from jaxfl.algorithms.asynchronous import Arrivals, asynchronous_algorithm, staleness_weight
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedbuff import STALENESS_DEFAULTS, async_profiles, concurrency
+from jaxfl.algorithms.fedbuff import STALENESS_DEFAULTS, async_clock, concurrency
 from jaxfl.algorithms.registry import Engine
+from jaxfl.clock.availability import Availability
 from jaxfl.clock.profiles import DeviceProfiles
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -41,6 +42,7 @@ def fedasync(
     concurrency: int,
     num_clients: int,
     profiles: DeviceProfiles,
+    availability: Availability | None = None,
     *,
     strategy: ClientStrategy,
     staleness: str = "polynomial",
@@ -64,7 +66,7 @@ def fedasync(
 
     return asynchronous_algorithm(
         "fedasync", task, local, 1, concurrency, num_clients, profiles, rule,
-        strategy=strategy, keeps="model", proximal="mu",
+        availability=availability, strategy=strategy, keeps="model", proximal="mu",
         hparam_defaults={"async_mixing": 0.6, "mu": 0.01, **STALENESS_DEFAULTS}, client_weighting="uniform",
     )  # fmt: skip
 
@@ -75,6 +77,6 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
         engine.task,
         engine.local,
         concurrency(options, engine.clients_per_round, engine.training_clients("fedasync")),
-        engine.training_clients("fedasync"), async_profiles(engine, "fedasync"), strategy=engine.strategy,
+        engine.training_clients("fedasync"), *async_clock(engine, "fedasync"), strategy=engine.strategy,
         staleness=options["staleness"],
     )  # fmt: skip

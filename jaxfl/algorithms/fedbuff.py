@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jaxfl.algorithms.asynchronous import Arrivals, asynchronous_algorithm, staleness_weight
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, apply_server_update, server_optimizer
 from jaxfl.algorithms.registry import Engine
+from jaxfl.clock.availability import Availability
 from jaxfl.clock.profiles import DeviceProfiles, lognormal_profiles
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
@@ -43,6 +44,7 @@ def fedbuff(
     concurrency: int,
     num_clients: int,
     profiles: DeviceProfiles,
+    availability: Availability | None = None,
     *,
     strategy: ClientStrategy,
     staleness: str = "polynomial",
@@ -71,18 +73,19 @@ def fedbuff(
 
     return asynchronous_algorithm(
         "fedbuff", task, local, buffer_size, concurrency, num_clients, profiles, rule,
-        strategy=strategy, keeps="update", hparam_defaults=STALENESS_DEFAULTS, server_tx=server,
+        availability=availability, strategy=strategy, keeps="update", hparam_defaults=STALENESS_DEFAULTS,
+        server_tx=server,
         client_weighting=client_weighting,
     )  # fmt: skip
 
 
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedBuff as the registry builds it for a run (the clock's device profiles)."""
+    """FedBuff as the registry builds it for a run (the clock's devices and windows)."""
     return fedbuff(
         engine.task, engine.local, engine.clients_per_round,
         concurrency(options, engine.clients_per_round, engine.training_clients("fedbuff")),
         engine.training_clients("fedbuff"),
-        async_profiles(engine, "fedbuff"), strategy=engine.strategy, staleness=options["staleness"],
+        *async_clock(engine, "fedbuff"), strategy=engine.strategy, staleness=options["staleness"],
         server_tx=engine.server_tx, client_weighting=engine.client_weighting,
     )  # fmt: skip
 
@@ -92,16 +95,14 @@ def concurrency(options: Mapping[str, Any], clients_per_round: int, num_clients:
     return options["concurrency"] or min(4 * clients_per_round, num_clients)
 
 
-def async_profiles(engine: Engine, name: str) -> DeviceProfiles:
-    """The devices an asynchronous algorithm's clients run on: the run's clock's (always-online only), or
-    without a clock the default log-normal ones drawn from key 0 (`jaxfl.clock.profiles`)."""
-    if engine.clock is None:
-        return lognormal_profiles(jax.random.key(0), engine.training_clients(name))
-    if engine.clock.availability is not None:
-        raise ValueError(
-            f"{name} runs with every client online (--availability always); availability windows "
-            "apply to the synchronous rounds only"
-        )
+def async_clock(engine: Engine, name: str) -> tuple[DeviceProfiles, Availability | None]:
+    """The devices and online windows of an asynchronous algorithm's clients: the run's clock's.
+
+    Without a clock: the default log-normal devices drawn from key 0
+    (`jaxfl.clock.profiles`), always online.
+    """
     if engine.robustness is not None or engine.compression is not None:
         raise ValueError(f"{name} takes no attack, robust aggregator or compression")
-    return engine.clock.profiles
+    if engine.clock is None:
+        return lognormal_profiles(jax.random.key(0), engine.training_clients(name)), None
+    return engine.clock.profiles, engine.clock.availability

@@ -168,10 +168,6 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
         else:
             profiles = read_profiles(config.device_profiles, num_clients)
         availability = None
-        if asynchronous and config.availability not in (None, "always"):
-            raise ValueError(
-                f"{asynchronous[0]} runs with every client online: --availability always, or unset"
-            )
         if config.availability == "diurnal":
             availability = diurnal_availability(availability_key, num_clients, config.diurnal_hours)
         elif config.availability not in (None, "always"):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
+from clock.test_clock import WINDOWS, _availability, _next_online_reference, _online_reference
 from reference import local_sgd_reference
 
 from jaxfl.algorithms.fedasync import fedasync
@@ -38,20 +39,22 @@ def _train(kernel, bias, client, keys, mu):
     )  # fmt: skip
 
 
-def _duration(client, steps):
-    step, down, up = (float(np.asarray(q)[client]) for q in PROFILES)
+def _duration(client, steps, profiles=PROFILES):
+    step, down, up = (float(np.asarray(q)[client]) for q in profiles)
     return MODEL_BYTES / down + steps * step + MODEL_BYTES / up
 
 
-def _event_loop(params, key, steps, *, arrivals, concurrency, apply, mu=0.0):
+def _event_loop(params, key, steps, *, arrivals, concurrency, apply, mu=0.0, windows=None, profiles=PROFILES):
     """Server steps one at a time: (kernel, bias, time, per-step staleness of the arrivals with results).
 
     `apply(kernel, bias, arrived)` is the server's update from the arrived slots (dicts with 'delta',
-    'model', 'alpha', 'staleness').
+    'model', 'alpha', 'staleness'). With `windows` (clients' online windows, as in tests/clock), each freed
+    slot, in the order it freed, starts when some client is online, with one online then, not in flight
+    and not drawn for an earlier slot, and a client that goes offline first sends nothing.
     """
     kernel = np.array(params["dense"]["kernel"], np.float64)
     bias = np.array(params["dense"]["bias"], np.float64)
-    slots = [{"id": None, "version": 0, "finish": 0.0} for _ in range(concurrency)]
+    slots = [{"id": None, "version": 0, "finish": 0.0, "holds": False} for _ in range(concurrency)]
     now, version, history = 0.0, 0, []
     for r in range(steps):
         keys = round_keys(key, jnp.int32(r))
@@ -60,15 +63,33 @@ def _event_loop(params, key, steps, *, arrivals, concurrency, apply, mu=0.0):
         arrived = [dict(slots[j], staleness=version - slots[j]["version"]) for j in order]
         # New clients, drawn among those not in flight, start in the freed slots on the current model.
         busy = {slots[j]["id"] for j in range(concurrency) if j not in order} - {None}
-        gumbel = np.asarray(jax.random.gumbel(keys.sampling, (N,)))
-        free = sorted((i for i in range(N) if i not in busy), key=lambda i: -gumbel[i])[:arrivals]
-        for j, client in zip(order, free, strict=True):
+        if windows is None:
+            gumbel = np.asarray(jax.random.gumbel(keys.sampling, (N,)))
+            free = sorted((i for i in range(N) if i not in busy), key=lambda i: -gumbel[i])[:arrivals]
+            starts = [slots[j]["finish"] for j in order]
+        else:
+            gumbel = np.asarray(jax.random.gumbel(keys.sampling, (arrivals, N)))
+            free, starts = [], []
+            for position, j in enumerate(order):
+                start = _next_online_reference(windows, slots[j]["finish"])
+                eligible = [i for i in range(N) if _online_reference(windows[i], start)[0] and i not in busy]
+                client = max(eligible, key=lambda i: gumbel[position, i]) if eligible else None
+                free.append(client)
+                starts.append(start)
+                busy.add(client)
+        for j, client, start in zip(order, free, starts, strict=True):
+            if client is None:  # No client to start: the slot tries again at the next step.
+                slots[j] = {"id": None, "version": version, "finish": now, "holds": False}
+                continue
             k, b, done = _train(kernel, bias, client, keys, mu)
+            duration = _duration(client, done, profiles)
+            offline_in = math.inf if windows is None else _online_reference(windows[client], start)[1] - start
             slots[j] = {
-                "id": client, "version": version, "finish": slots[j]["finish"] + _duration(client, done),
+                "id": client, "version": version, "finish": start + min(duration, offline_in),
+                "holds": duration <= offline_in,
                 "delta": (k - kernel, b - bias), "model": (k, b), "alpha": float(SIZES[client]),
             }  # fmt: skip
-        with_results = [a for a in arrived if a["id"] is not None]
+        with_results = [a for a in arrived if a["holds"]]
         if with_results:
             kernel, bias = apply(kernel, bias, with_results)
             version += 1
@@ -125,6 +146,32 @@ def test_fedasync_mixes_each_arrival_with_its_staleness_weight():
         [0.5 * (1 + h[0]) ** -0.5 for h in history[3:]], rel=1e-5
     )
     assert math.isclose(float(metrics[0]["mixing"]), 0.0)  # Filling the slots: nothing to mix.
+
+
+def test_fedbuff_with_online_windows_equals_the_event_loop_with_dropouts():
+    # The clients of tests/clock (10 s period): slots wait for an online client, and clients drop.
+    availability = _availability()
+    slow = lognormal_profiles(jax.random.key(6), N, step_seconds=0.4, sigma=1.0)
+    algorithm = fedbuff(TASK, LOCAL, 2, 4, N, slow, availability, strategy=ClientStrategy("vmap"))
+    params, key = initial_params(), jax.random.key(13)
+    state, metrics = run_rounds(algorithm, algorithm.init(params, {"lr": LR}), 10, key)
+
+    def apply(kernel, bias, arrived):
+        total = sum(a["alpha"] for a in arrived)
+        for a in arrived:
+            scale = a["alpha"] * (1 + a["staleness"]) ** -0.5 / total
+            kernel, bias = kernel + scale * a["delta"][0], bias + scale * a["delta"][1]
+        return kernel, bias
+
+    kernel, bias, now, history = _event_loop(
+        params, key, 10, arrivals=2, concurrency=4, apply=apply, windows=WINDOWS, profiles=slow
+    )
+    np.testing.assert_allclose(state.params["dense"]["kernel"], kernel, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state.params["dense"]["bias"], bias, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(state.clock), now, rtol=1e-5)
+    uploads = [int(m["clients_uploading"]) for m in metrics]
+    assert uploads == [len(h) for h in history]
+    assert 0 < sum(uploads) < 2 * (10 - 2)  # Some arrivals came back without a result: dropped.
 
 
 @pytest.mark.parametrize(

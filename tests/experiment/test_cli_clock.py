@@ -63,10 +63,6 @@ def test_simulated_time_adds_up_the_rounds_durations(tmp_path, capsys):
             ["--algorithm", "fedbuff", "--concurrency", "5"],
             ["fedbuff", "buffer of 8 arrivals", "concurrency 5"],
         ),
-        (
-            ["--algorithm", "fedasync", "--availability", "diurnal"],
-            ["fedasync runs with every client online"],
-        ),
     ],
 )
 def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, words):
