@@ -76,3 +76,21 @@ def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, 
     out = tmp_path / "run"
     argv = ["run", *TINY, *[a.format(**files) for a in args], "--out", str(out)]
     assert_cli_refuses(argv, words, out, capsys)
+
+
+def test_an_asynchronous_run_on_online_windows_resumes_bit_for_bit(tmp_path, monkeypatch, capsys):
+    from reference import StopAfter
+
+    from jaxfl.experiment import training_loop
+
+    argv = [*TINY, "--rounds", "8", "--eval-every", "2", "--checkpoint-every", "2", "--algorithm", "fedbuff",
+            "--availability", "diurnal", "--diurnal-hours", "4"]  # fmt: skip
+    assert main(["run", *argv, "--out", str(tmp_path / "whole")]) == 0
+    request = StopAfter(2)
+    monkeypatch.setattr(training_loop, "current_request", lambda: request)
+    assert main(["run", *argv, "--out", str(tmp_path / "stopped")]) == 130
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(tmp_path / "stopped"), "--no-progress"]) == 0
+    capsys.readouterr()
+    for name in ("metrics.jsonl", "summary.json"):
+        assert (tmp_path / "stopped" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
