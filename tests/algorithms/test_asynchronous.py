@@ -97,6 +97,19 @@ def _event_loop(params, key, steps, *, arrivals, concurrency, apply, mu=0.0, win
     return kernel, bias, now, history
 
 
+def _buffered_mean(weight):
+    """FedBuff's server update by hand: w + sum_j alpha_j weight(s_j) Delta_j / sum_j alpha_j."""
+
+    def apply(kernel, bias, arrived):
+        total = sum(a["alpha"] for a in arrived)
+        for a in arrived:
+            scale = a["alpha"] * weight(a["staleness"]) / total
+            kernel, bias = kernel + scale * a["delta"][0], bias + scale * a["delta"][1]
+        return kernel, bias
+
+    return apply
+
+
 @pytest.mark.parametrize("staleness", ["polynomial", "hinge"])
 def test_fedbuff_equals_an_event_loop_with_stale_versions(staleness):
     algorithm = fedbuff(TASK, LOCAL, 2, 5, N, PROFILES, strategy=ClientStrategy("vmap"), staleness=staleness)
@@ -109,14 +122,9 @@ def test_fedbuff_equals_an_event_loop_with_stale_versions(staleness):
             return (1 + s) ** -0.7
         return 1.0 if s <= 1 else 1 / (0.7 * (s - 1) + 1)
 
-    def apply(kernel, bias, arrived):
-        total = sum(a["alpha"] for a in arrived)
-        for a in arrived:
-            scale = a["alpha"] * weight(a["staleness"]) / total
-            kernel, bias = kernel + scale * a["delta"][0], bias + scale * a["delta"][1]
-        return kernel, bias
-
-    kernel, bias, now, history = _event_loop(params, key, 9, arrivals=2, concurrency=5, apply=apply)
+    kernel, bias, now, history = _event_loop(
+        params, key, 9, arrivals=2, concurrency=5, apply=_buffered_mean(weight)
+    )
     np.testing.assert_allclose(state.params["dense"]["kernel"], kernel, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(state.params["dense"]["bias"], bias, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(float(state.clock), now, rtol=1e-5)
@@ -156,15 +164,9 @@ def test_fedbuff_with_online_windows_equals_the_event_loop_with_dropouts():
     params, key = initial_params(), jax.random.key(13)
     state, metrics = run_rounds(algorithm, algorithm.init(params, {"lr": LR}), 10, key)
 
-    def apply(kernel, bias, arrived):
-        total = sum(a["alpha"] for a in arrived)
-        for a in arrived:
-            scale = a["alpha"] * (1 + a["staleness"]) ** -0.5 / total
-            kernel, bias = kernel + scale * a["delta"][0], bias + scale * a["delta"][1]
-        return kernel, bias
-
     kernel, bias, now, history = _event_loop(
-        params, key, 10, arrivals=2, concurrency=4, apply=apply, windows=WINDOWS, profiles=slow
+        params, key, 10, arrivals=2, concurrency=4, apply=_buffered_mean(lambda s: (1 + s) ** -0.5),
+        windows=WINDOWS, profiles=slow,
     )
     np.testing.assert_allclose(state.params["dense"]["kernel"], kernel, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(state.params["dense"]["bias"], bias, rtol=1e-4, atol=1e-5)
