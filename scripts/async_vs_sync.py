@@ -10,7 +10,7 @@ log-normal devices (jaxfl.clock.profiles), 1,500 client updates per run:
 * `fedasync`: 40 clients at once, each arrival mixed in with alpha = 0.6
   (Xie et al. 2019), 1,540 steps.
 
-Nguyen et al. 2022 (Section 6) report FedBuff reaching a target accuracy in
+Nguyen et al. 2022 report FedBuff reaching a target accuracy in
 less time than synchronous FedAvg, whose rounds wait for stragglers, and with
 fewer client updates than FedAsync. The table gives per algorithm (mean over
 seeds) the final mean test-client error, the simulated time of the run, and

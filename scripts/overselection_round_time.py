@@ -7,7 +7,7 @@ training clients, 100 reports a round) on the simulated clock: clients online
 
 * `1.0`: select 100 clients, wait for all of them to report or drop;
 * `1.3`, `1.6`: select 130 or 160 and keep the first 100 reports
-  (Bonawitz et al. 2019, Section 2.1, select 130%);
+  (Bonawitz et al. 2019 select 130%);
 * `1.3, deadline`: the same with the server waiting at most the deadline.
 
 Bonawitz et al. over-select so that stragglers and dropouts do not hold a

@@ -127,7 +127,7 @@ def _online_replacements(
 
 
 def staleness_weight(kind: str, staleness: jax.Array, hparams: Mapping[str, jax.Array]) -> jax.Array:
-    """s(staleness) of Xie et al. 2019, Section 5.2 (FedBuff's 1 / sqrt(1 + s) is the polynomial, a = 1/2).
+    """s(staleness), the staleness functions of Xie et al. 2019 (FedBuff's 1 / sqrt(1 + s): polynomial).
 
     constant: 1; polynomial: (1 + s)^-a; hinge: 1 if s <= b else 1 / (a (s - b) + 1),
     a = hparams['staleness_exponent'], b = hparams['staleness_hinge'].

@@ -7,7 +7,7 @@ server mixes
 
     x <- (1 - alpha_t) x + alpha_t x_new,   alpha_t = alpha s(t - tau)
 
-(their Algorithm 1 and Section 5.2's staleness functions s, see
+(their server update, with their staleness functions s, see
 `jaxfl.algorithms.asynchronous.staleness_weight`). One arrival per server
 step (`jaxfl.algorithms.asynchronous` with K = 1), C = `--concurrency`, alpha =
 `--async-mixing`. The mixing is the server's update: the server optimizer does

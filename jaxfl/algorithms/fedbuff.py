@@ -5,7 +5,7 @@ server keeps a buffer of arriving updates and, once K have arrived, applies
 
     w <- ServerOpt(w, mean_j alpha_j s(staleness_j) Delta_j)
 
-(their Algorithm 1, with the data weights alpha_j normalized over the buffer
+(their server update, with the data weights alpha_j normalized over the buffer
 and the staleness weight s of `jaxfl.algorithms.asynchronous.staleness_weight`,
 by default their 1 / sqrt(1 + staleness)). Each server step of the round is
 one buffer: its K arrivals, and K new clients started in their slots

@@ -68,8 +68,8 @@ from jaxfl.algorithms.base import (
 from jaxfl.algorithms.plans import cohort_losses
 from jaxfl.attacks import attack_updates
 from jaxfl.clock.reporting import Clock, reports, select_online
-from jaxfl.communication.compression import UpdateCompression, compress_updates, initial_residuals, model_size
-from jaxfl.communication.traffic import model_bytes
+from jaxfl.communication.compression import UpdateCompression, compress_updates, initial_residuals
+from jaxfl.communication.traffic import model_bytes, update_bytes
 from jaxfl.data.population import ClientPopulation, GatheredCohort
 from jaxfl.training.cohort import (
     CohortData,
@@ -536,7 +536,7 @@ class _ComposedRound:
             row = self.init_row(params, hparams)
             clients = initial_client_models(row, self.composition.num_clients, self.strategy)
         if self.compression is not None and self.compression.error_feedback:
-            row = initial_residuals(self.compression, params)
+            row = initial_residuals(params)
             residuals = initial_client_models(row, self.compression.num_clients, self.strategy)
         return ServerState(
             round=jnp.zeros((), jnp.int32),
@@ -604,7 +604,7 @@ class _ComposedRound:
         clock = state.clock
         if selection is not None:
             with jax.named_scope("clock"):
-                client_plan, clock = self._reports(state, selection, client_plan, results)
+                client_plan, clock = self._reports(state, cohort, selection, client_plan, results)
         if self.attacked is not None:
             results = self._attack(results, cohort, client_plan, keys.server)
         residuals = state.error_feedback
@@ -720,21 +720,18 @@ class _ComposedRound:
         )
         return results._replace(deltas=deltas)
 
-    def _reports(self, state, selection, client_plan, results):
+    def _reports(self, state, cohort, selection, client_plan, results):
         """The plan keeping only the clients that report by the deadline, and the time the round ends."""
         size = model_bytes(state.params)
-        upload = size
-        if self.compression is not None:
-            upload = -(-self.compression.encoded_bits(model_size(state.params)) // 8)
         side = self.composition.client_update.side_messages * size
         outcome = reports(
             self.clock,
             selection,
-            uploading_clients(Cohort(selection.client_ids, None), client_plan),
+            uploading_clients(cohort, client_plan),
             results.num_steps,
             self.composition.clients_per_round,
             size + side,
-            upload + side,
+            update_bytes(state.params, self.compression) + side,
         )
         metrics = {**(client_plan.metrics or {}), **outcome.metrics}
         end = selection.start + outcome.seconds

@@ -13,8 +13,8 @@ one client must not overlap.
 * `diurnal_availability`: each client online `hours_on` hours a day (P = one
   day), starting at an hour drawn uniformly per client: the on/off pattern of
   phones that train while charging at night in their own time zone
-  (Bonawitz et al. 2019, Section 9, Figure 7: participation follows the day).
-* `trace_availability`: the windows of a trace (`jaxfl.clock.traces`), which
+  (Bonawitz et al. 2019 describe availability following the time of day).
+* `jaxfl.clock.traces.read_availability`: the windows of a trace, which
   repeat with the trace's period.
 
 Times are float32 seconds: at a simulated time of 10^7 s (four months) their

@@ -11,9 +11,9 @@ bytes per second.
 
 `lognormal_profiles` draws each quantity independently per client from a
 log-normal law given by its median and the standard deviation `sigma` of its
-logarithm; device speeds and bandwidths measured across phones spread over
-orders of magnitude in this way (Lai et al. 2022, Section 5.1, from the
-AI Benchmark and MobiPerf measurements). The defaults (a 0.1 s step, 2.5 MB/s
+logarithm, a right-skewed spread over orders of magnitude such as measured
+phones show (FedScale, Lai et al. 2022, simulates devices from such
+measurements; its traces can be given as a profile file). The defaults (a 0.1 s step, 2.5 MB/s
 down, 0.625 MB/s up, i.e. 20 and 5 Mbit/s) are illustrative, not a measurement:
 give a profile file (`jaxfl.clock.traces`) to simulate particular devices.
 

@@ -10,8 +10,9 @@ selected client i that its algorithm lets train takes `duration_i`
 * the report deadline D passes first: duration_i > D.
 
 The first M clients to complete report; the others' updates are discarded
-(over-selection with a reporting deadline, Bonawitz et al. 2019, Section
-2.1: select 130%, keep the first 100%). Where the algorithm lets fewer than
+(over-selection with a reporting deadline: Bonawitz et al. 2019 select 130%
+and keep the first 100%; their Section 2.2: devices that do not report in
+time are ignored). Where the algorithm lets fewer than
 M of them train (Delta-FL's tail), the server waits for all that train. The
 round then lasts
 
@@ -70,6 +71,7 @@ class Clock:
 
     def selected(self, clients_per_round: int) -> int:
         """M', the clients selected for M reports."""
+        # The tolerance keeps 1.3 * 10 (13.000000000000002 in floating point) at 13.
         return math.ceil(self.overselect * clients_per_round - 1e-9)
 
 

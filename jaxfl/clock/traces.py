@@ -9,10 +9,9 @@ Availability (`--availability FILE`): one online window per row,
 
 `client` a training client's index (0 to N - 1), `start` and `end` seconds
 from the trace's origin, 0 <= start < end <= start + period. The trace
-repeats with its period (`--availability-period`, default one week: FedScale's
-client behaviour traces span a week of online/offline events, Lai et al.
-2022, Section 5.1). A client's windows that overlap or touch are merged; a
-training client without a window is refused (it could never take part).
+repeats with its period (`--availability-period`, default one week). A
+client's windows that overlap or touch are merged; a training client without
+a window is refused (it could never take part).
 
 Device profiles (`--device-profiles FILE`): one row per training client,
 
@@ -20,10 +19,6 @@ Device profiles (`--device-profiles FILE`): one row per training client,
     0,0.12,2500000,600000
 
 Every error names the file and the line, in one line.
-
-References:
-  [Lai et al. 2022] F. Lai et al. FedScale: Benchmarking Model and System Performance of Federated
-    Learning at Scale. ICML 2022.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from jaxfl.models.networks import count_parameters
 from jaxfl.primitives import compression as codes
 from jaxfl.types import Key, Params
 
@@ -166,14 +167,9 @@ class UpdateCompression:
         return quantized.reshape(-1)[:size]
 
 
-def model_size(params: Params) -> int:
-    """d, the number of entries of a model (and of its update)."""
-    return sum(int(leaf.size) for leaf in jax.tree.leaves(params))
-
-
-def initial_residuals(compression: UpdateCompression, params: Params) -> jax.Array:
-    """One client's residual row: `[d]` zeros (float32)."""
-    return jnp.zeros(model_size(params), jnp.float32)
+def initial_residuals(params: Params) -> jax.Array:
+    """One client's residual row: `[d]` zeros (float32), d the model's entries."""
+    return jnp.zeros(count_parameters(params), jnp.float32)
 
 
 def compress_updates(

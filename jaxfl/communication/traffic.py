@@ -21,12 +21,20 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxfl.models.networks import count_parameters
 from jaxfl.types import Params
 
 
 def model_bytes(params: Params) -> int:
     """Bytes of the model as stored (each leaf at its own dtype)."""
     return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params))
+
+
+def update_bytes(params: Params, compression: Any = None) -> int:
+    """Bytes of one client's update to a model like `params`: its code (`UpdateCompression`), or the model."""
+    if compression is None:
+        return model_bytes(params)
+    return -(-compression.encoded_bits(count_parameters(params)) // 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +89,9 @@ def round_traffic(algorithm: Any, params: Params) -> Traffic | None:
         return None if sends is None else Traffic(size, size, 0, sends)
     compression = composition.options.get("compression")
     clock = composition.options.get("clock")  # Over-selection sends the model to more clients.
-    if compression is None:
-        update, described = size, None
-    else:
-        dimension = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
-        update = -(-compression.encoded_bits(dimension) // 8)
+    update, described = update_bytes(params, compression), None
+    if compression is not None:
+        dimension = count_parameters(params)
         described = {
             "compressor": compression.name,
             **(

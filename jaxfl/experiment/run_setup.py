@@ -31,8 +31,7 @@ from jaxfl.algorithms.registry import (
 from jaxfl.clock import Clock, diurnal_availability, lognormal_profiles, read_availability, read_profiles
 from jaxfl.clock.reporting import check_someone_can_report
 from jaxfl.communication import Traffic, UpdateCompression, round_traffic
-from jaxfl.communication.compression import model_size
-from jaxfl.communication.traffic import model_bytes
+from jaxfl.communication.traffic import model_bytes, update_bytes
 from jaxfl.data.host import HostPopulation, Placement, choose_residency, place_population
 from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import load_dataset
@@ -181,9 +180,9 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
             )
         counts = np.asarray(dataset.train.counts)
         steps = np.asarray(local.num_steps(counts))
-        size = model_bytes(model_shape)
-        upload = size if compression is None else -(-compression.encoded_bits(model_size(model_shape)) // 8)
-        check_someone_can_report(clock, counts, steps, size, upload)
+        check_someone_can_report(
+            clock, counts, steps, model_bytes(model_shape), update_bytes(model_shape, compression)
+        )
     except ValueError as error:
         raise ConfigError(f"clock: {error}") from None
     return clock

@@ -284,7 +284,7 @@ def run_sweep(
     def on_evaluate(round_index, states, metrics, health):
         evaluate_points(states.params, jax.vmap(algorithm.personal_models)(states))
         round_metrics = jax.device_get(metrics)
-        uploads = jax.device_get(health.client_uploads)
+        uploads, clocks = jax.device_get((health.client_uploads, states.clock))  # One transfer.
         for g, point in enumerate(points):
             record = {
                 "algorithm": name,
@@ -293,7 +293,7 @@ def run_sweep(
                 "seed": point.seed,
                 "round": round_index,
                 **traffic_fields(run_setup, name, round_index, uploads[g]),
-                **clock_fields(jax.tree.map(lambda x, g=g: x[g], states.clock)),
+                **clock_fields(jax.tree.map(lambda x, g=g: x[g], clocks)),
                 "round_metrics": {k: float(v[g]) for k, v in round_metrics.items()},
                 **summaries[g],
             }
