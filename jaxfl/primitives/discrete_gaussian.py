@@ -22,13 +22,9 @@ from jaxfl.primitives import _validation
 # about 1e-155: the cap only guarantees termination.
 _MAX_ROUNDS = 1000
 
-# The largest sigma whose proposals stay exact. Proposals floor(t E) (t =
-# floor(sigma) + 1, E ~ Exp(1) from float32 uniforms on a 2^-23 grid, so
-# E <= -log(2^-23) ~ 15.9) are float32 integers, exact only up to 2^24:
-# t * 15.9 < 2^24 holds for sigma < 1.0e6. This does not make the draws exact:
-# the float32 uniforms coarsen the law, most at large sigma (docs/privacy.md,
-# "The discrete Gaussian sampler is a simulation sampler"; at sigma = 1e6 the
-# total variation from the discrete Gaussian is about 0.06).
+# The largest sigma the sampler takes: proposals U + t V (t = floor(sigma) + 1,
+# V <= 16 from float32 exponentials) and the acceptance test's |Y| - sigma^2 / t
+# stay exact float32 integers (below 2^24) only up to about this sigma.
 # Larger sigmas are refused by the run settings (`dp_sigma`,
 # `dp_quantile_sigma`) and by this function for Python values.
 MAX_SIGMA = 1e6
@@ -48,17 +44,22 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
     accepts it with probability exp(-(|Y| - sigma^2 / t)^2 / (2 sigma^2)),
     which is exactly the ratio of the two pmfs up to a constant; a
     `lax.while_loop` runs rounds until every element is accepted. The discrete
-    Laplace proposal |Y| = floor(t E), E ~ Exp(1), is exactly geometric with
-    ratio exp(-1/t) (CKS20 Algorithm 2 draws the same law bit by bit); a
-    random sign is drawn and -0 is rejected. The samples are exact up to the
-    float32 evaluation of the acceptance probabilities (uniforms with 2^-24
-    resolution); exactness in the sense of CKS20's rational arithmetic is not
-    attempted.
+    Laplace proposal is CKS20 Algorithm 2's: |Y| = U + t V with U uniform on
+    {0, ..., t - 1} (integer random bits) kept with probability exp(-U / t),
+    and V = floor(E), E ~ Exp(1), geometric with ratio e^-1; a random sign is
+    drawn and -0 is rejected. So P(|Y| = y) is proportional to exp(-y / t)
+    with every integer reachable at every sigma (a proposal floor(t E) would
+    leave integers out once t exceeds the float32 uniforms' 2^23 grid
+    points per unit of E). The samples are exact up to the float32
+    evaluation of the two acceptance probabilities and of V (uniforms with
+    2^-23 resolution; docs/privacy.md, "The discrete Gaussian sampler is a
+    simulation sampler", gives the total variation); exactness in the sense
+    of CKS20's rational arithmetic is not attempted.
 
     Args:
       key: a JAX PRNG key.
       sigma: scalar sigma >= 0 (may be traced; batch with vmap). sigma = 0
-        gives zeros. At most `MAX_SIGMA` = 1e6 (float32 proposals).
+        gives zeros. At most `MAX_SIGMA` = 1e6 (float32 integers).
       shape: static output shape.
       dtype: integer output dtype (int32 by default).
 
@@ -76,7 +77,8 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
     _validation.check_nonnegative(sigma, "sigma")
     if _validation.is_static_number(sigma) and np.any(np.asarray(sigma, np.float64) > MAX_SIGMA):
         raise ValueError(
-            f"sigma must be <= {MAX_SIGMA:g} (float32 proposals are exact up to it), got {sigma!r}"
+            f"sigma must be <= {MAX_SIGMA:g} (the sampler's float32 integers are exact up to it), "
+            f"got {sigma!r}"
         )
     if not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(f"dtype must be an integer dtype, got {dtype}")
@@ -89,11 +91,13 @@ def discrete_gaussian(key, sigma, shape, dtype=jnp.int32) -> jax.Array:
     shift = variance / scale
 
     def propose(round_key):
-        exp_key, sign_key, accept_key = jax.random.split(round_key, 3)
-        magnitude = jnp.floor(scale * jax.random.exponential(exp_key, shape))
+        remainder_key, keep_key, whole_key, sign_key, accept_key = jax.random.split(round_key, 5)
+        remainder = jax.random.randint(remainder_key, shape, 0, scale.astype(jnp.int32)).astype(jnp.float32)
+        remainder_ok = jax.random.uniform(keep_key, shape) < jnp.exp(-remainder / scale)
+        magnitude = remainder + scale * jnp.floor(jax.random.exponential(whole_key, shape))
         negative = jax.random.bernoulli(sign_key, 0.5, shape)
         # Rejecting -0 makes the signed geometric exactly discrete Laplace.
-        laplace_ok = ~(negative & (magnitude == 0))
+        laplace_ok = remainder_ok & ~(negative & (magnitude == 0))
         accept_probability = jnp.exp(-((magnitude - shift) ** 2) / (2 * variance))
         gauss_ok = jax.random.uniform(accept_key, shape) < accept_probability
         value = jnp.where(negative, -magnitude, magnitude).astype(dtype)

@@ -53,28 +53,33 @@ default Renyi orders and `NeighboringRelation.REPLACE_ONE`. A round is the
 event
 
     SampledWithoutReplacementDpEvent(n, m,
-        ComposedDpEvent([GaussianDpEvent(z), GaussianDpEvent(1 / eps_q)]))
+        ComposedDpEvent([GaussianDpEvent(z), ZCDpEvent(eps_q^2 / 2)]))
 
-(DP-FedAvg: the Gaussian alone), and T rounds are `SelfComposedDpEvent(round,
-T)`; epsilon at a delta is `RdpAccountant.get_epsilon(delta)`. Composition
-and amplification are the library's: dp-accounting merges the two Gaussians
-into one of multiplier (z^-2 + eps_q^2)^(-1/2) (same data, Mironov et al.
-2019, Section 3) and amplifies it by WBK19 Theorem 27.
+(DP-FedAvg: the Gaussian alone; DP Delta-FL: the Gaussian and
+`ZCDpEvent(eps_q^2 / 2)`, the quantile as what Theorem 6(a) proves of it), and
+T rounds are `SelfComposedDpEvent(round, T)`; epsilon at a delta is
+`get_epsilon(delta)`, with CKS20 Proposition 12's conversion.
 
-Caveat (DP Delta-FL). `GaussianDpEvent(1 / eps_q)` is the Gaussian mechanism
-whose zCDP is exactly Theorem 6(a)'s rho_q, i.e. the quantile enters the
-accountant as "a Gaussian of equal zCDP". That is exact for the unsampled
-round, but the amplification bound dp-accounting applies is proved for the
-Gaussian mechanism; the distributed discrete Gaussian is only shown to have
-the same zCDP (up to the psi term already in eps_q). So the DP Delta-FL
-epsilon assumes that the quantile amplifies under sampling like a Gaussian
-of equal zCDP (Pillutla et al. 2023, Appendix D, likewise applies generic
-subsampling bounds). `epsilon_spent(..., amplified=False)` gives a bound
-that needs no such assumption: each round as `ZCDpEvent(rho_w + rho_q)` with
-no amplification (valid for any mechanism, since the Renyi divergence is
-jointly quasi-convex: van Erven and Harremoes, Renyi Divergence and
-Kullback-Leibler Divergence, IEEE Trans. Inf. Theory 2014), but much larger.
-The two mechanisms share the cohort, so their amplification is not split
+Amplification, by mechanism. A round of the Gaussian alone (DP-FedAvg) is
+amplified by dp-accounting's WBK19 Theorem 27, a refinement that holds for
+mechanisms whose RDP one pair of inputs attains (the Gaussian's does). The
+distributed discrete Gaussian of the quantile is only known through its zCDP
+bound, so a round of DP Delta-FL is amplified by WBK19 Theorem 9, which holds
+for *any* mechanism given an upper bound eps(j) on its RDP at integer orders:
+here eps(j) = (rho_w + rho_q) j, the update's Gaussian and the quantile on the
+same cohort composed (RDP adds). `zcdp_sampled_rdp` computes it, taking at each
+order the smaller of Theorem 9 and the unsampled (rho_w + rho_q) alpha (a
+sampled mechanism is never worse than the mechanism: joint quasi-convexity of
+the Renyi divergence, van Erven and Harremoes 2014); fractional orders
+interpolate the integer ones (WBK19 Corollary 10). The printed epsilon is
+therefore proved for the discrete quantile as it is, with no assumption that
+it amplifies like a Gaussian; it is slightly larger than the Gaussian-only
+value (about 0.3% at the defaults: docs/privacy.md, "Accounting").
+`make_accountant` returns dp-accounting's `RdpAccountant` extended with this
+one case; every other event is the library's.
+`epsilon_spent(..., amplified=False)` is each round as `ZCDpEvent(rho_w +
+rho_q)` with no amplification (the server, who knows the cohort). The two
+mechanisms share the cohort, so their amplification is not split
 (amplifying the update alone and adding an unamplified quantile is not
 justified by composition: the threshold depends on the same cohort and can
 reveal whether a client was sampled).
@@ -88,6 +93,7 @@ References:
   [Bun and Steinke 2016] Concentrated Differential Privacy: Simplifications, Extensions, and Lower Bounds.
   [McMahan et al. 2018] Learning Differentially Private Recurrent Language Models. ICLR 2018.
   [Mironov et al. 2019] Renyi Differential Privacy of the Sampled Gaussian Mechanism. arXiv preprint, 2019.
+  [CKS20] The Discrete Gaussian for Differential Privacy. NeurIPS 2020.
   [van Erven and Harremoes 2014] Renyi Divergence and Kullback-Leibler Divergence.
 """
 
@@ -96,6 +102,8 @@ from __future__ import annotations
 import functools
 import math
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -115,7 +123,7 @@ def _dp_accounting():
 ACCOUNTANT_NAME = (
     "dp_accounting.rdp.RdpAccountant (Renyi DP, default orders, "
     "NeighboringRelation.REPLACE_ONE; sampling without replacement by "
-    "Wang-Balle-Kasiviswanathan 2019 Thm. 27)"
+    "Wang-Balle-Kasiviswanathan 2019 Thm. 27 for the Gaussian alone, Thm. 9 with the DP quantile)"
 )
 # The smallest noise multiplier the calibration's bracket starts from (the
 # accountant returns a finite, huge epsilon there; 0 would divide by zero).
@@ -214,7 +222,7 @@ def round_event(
 
     Returns:
       `SampledWithoutReplacementDpEvent(n, m, Gaussian(z)
-      [+ Gaussian(1 / eps_q)])`.
+      [+ ZCDp(eps_q^2 / 2)])`.
     """
     dp_accounting = _dp_accounting()
     sampling = check_sampling(sampling)
@@ -222,11 +230,8 @@ def round_event(
         _check_positive(noise_multiplier, "noise_multiplier")
     )
     if quantile_epsilon is not None:
-        # The Gaussian mechanism with multiplier 1 / eps_q is exactly
-        # (eps_q^2 / 2)-zCDP, Theorem 6(a)'s value (module docstring caveat).
-        quantile = dp_accounting.GaussianDpEvent(
-            1.0 / _check_positive(quantile_epsilon, "quantile_epsilon")
-        )
+        # What Theorem 6(a) proves of the quantile: (eps_q^2 / 2)-zCDP.
+        quantile = dp_accounting.ZCDpEvent(_check_positive(quantile_epsilon, "quantile_epsilon") ** 2 / 2.0)
         mechanism = dp_accounting.ComposedDpEvent([mechanism, quantile])
     return dp_accounting.SampledWithoutReplacementDpEvent(
         sampling.num_clients, sampling.clients_per_round, mechanism
@@ -262,11 +267,116 @@ def training_event(
 
 
 def make_accountant() -> rdp_privacy_accountant.RdpAccountant:
-    """A fresh RDP accountant with the replace-one-client adjacency."""
+    """A fresh RDP accountant with the replace-one-client adjacency.
+
+    dp-accounting's `RdpAccountant`, extended so that a cohort sampled
+    without replacement around a zCDP mechanism (DP Delta-FL's quantile) is
+    amplified by `zcdp_sampled_rdp` (WBK19 Theorem 9) instead of being
+    refused; sampled Gaussians alone keep the library's Theorem 27.
+    """
     dp_accounting = _dp_accounting()
-    return dp_accounting.rdp.rdp_privacy_accountant.RdpAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
-    )
+    return _accountant_class()(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+
+@functools.cache
+def _accountant_class():
+    dp_accounting = _dp_accounting()
+    library = dp_accounting.rdp.rdp_privacy_accountant
+
+    class ReplaceOneAccountant(library.RdpAccountant):
+        def _maybe_compose(self, event, count, do_compose):
+            if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
+                rho = _zcdp_rho(event.event)
+                if rho is not None and _has_zcdp_part(event.event):
+                    if do_compose:
+                        sampling = Sampling(event.source_dataset_size, event.sample_size)
+                        self._rdp += count * zcdp_sampled_rdp(rho, sampling, tuple(self._orders))
+                    return None
+            return super()._maybe_compose(event, count, do_compose)
+
+    return ReplaceOneAccountant
+
+
+def _zcdp_rho(event) -> float | None:
+    """The zCDP rho of Gaussians and (xi = 0) zCDP events composed; None for anything else."""
+    dp_accounting = _dp_accounting()
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return math.inf if event.noise_multiplier == 0 else gaussian_rho(event.noise_multiplier)
+    if isinstance(event, dp_accounting.ZCDpEvent):
+        return float(event.rho) if event.xi == 0 and event.rho >= 0 else None
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        inner = _zcdp_rho(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        parts = [_zcdp_rho(part) for part in event.events]
+        return None if any(part is None for part in parts) else sum(parts)
+    return None
+
+
+def _has_zcdp_part(event) -> bool:
+    dp_accounting = _dp_accounting()
+    if isinstance(event, dp_accounting.ZCDpEvent):
+        return True
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _has_zcdp_part(event.event)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return any(_has_zcdp_part(part) for part in event.events)
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def zcdp_sampled_rdp(rho: float, sampling: Sampling, orders: tuple[float, ...]):
+    r"""RDP of a rho-zCDP mechanism run on m of n clients drawn without replacement.
+
+    WBK19 Theorem 9 (replace-one adjacency), for a mechanism with RDP
+    eps(j) <= rho j at every order j (rho-zCDP) and eps(inf) = inf: at
+    integer alpha >= 2, with q = m / n,
+
+        (alpha - 1) eps'(alpha) <= log(1 + q^2 C(alpha, 2) min(4 (e^{eps(2)} - 1), 2 e^{eps(2)})
+                                     + sum_{j=3}^{alpha} 2 q^j C(alpha, j) e^{(j - 1) eps(j)}),
+
+    at fractional alpha the linear interpolation of (alpha - 1) eps'(alpha)
+    between the integer orders around it (Corollary 10; (alpha - 1) eps'(1)
+    = 0), and at every order at most the unsampled rho alpha (joint
+    quasi-convexity of the Renyi divergence). m = n gives rho alpha.
+
+    Args:
+      rho: the mechanism's zCDP parameter, >= 0.
+      sampling: n and m.
+      orders: Renyi orders > 1.
+
+    Returns:
+      float64 array of eps'(alpha), one per order.
+    """
+    from scipy.special import gammaln, logsumexp
+
+    sampling = check_sampling(sampling)
+    orders_array = np.asarray(orders, np.float64)
+    unsampled = rho * orders_array
+    if sampling.clients_per_round == sampling.num_clients or rho == 0 or not math.isfinite(rho):
+        return unsampled
+    log_q = math.log(sampling.rate)
+
+    def log_moment(alpha: int) -> float:  # log of Theorem 9's bound on exp((alpha - 1) eps'(alpha))
+        if alpha == 1:
+            return 0.0
+        k = np.arange(alpha + 1)
+        log_comb = gammaln(alpha + 1) - gammaln(k + 1) - gammaln(alpha - k + 1)
+        eps2 = 2 * rho
+        log_expm1 = eps2 + math.log(-math.expm1(-eps2))  # log(e^eps2 - 1), no overflow
+        second = 2 * log_q + log_comb[2] + min(math.log(4) + log_expm1, math.log(2) + eps2)
+        j = np.arange(3, alpha + 1)
+        higher = math.log(2) + (j - 1) * j * rho + j * log_q + log_comb[3:]
+        return float(logsumexp(np.concatenate([[0.0, second], higher])))
+
+    needed = {int(math.floor(a)) for a in orders} | {int(math.ceil(a)) for a in orders}
+    moments = {alpha: log_moment(alpha) for alpha in needed}
+    sampled = np.array([
+        ((math.ceil(a) - a) * moments[math.floor(a)] + (a - math.floor(a)) * moments[math.ceil(a)]) / (a - 1)
+        if a != math.floor(a) else moments[int(a)] / (a - 1)
+        for a in orders
+    ])  # fmt: skip
+    return np.minimum(sampled, unsampled)
 
 
 # Cached: a sweep reports every point (both trust models), and points share

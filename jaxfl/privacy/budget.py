@@ -315,8 +315,9 @@ class DpBudget:
                 # Total discrete Gaussian noise per histogram node, in counts.
                 "noise_stddev_per_node": math.sqrt(m) * sigma / scale,
                 "accounting": (
-                    "Pillutla et al. 2023, Theorem 6(a), with n = m, entered as a Gaussian of equal "
-                    "zCDP (amplification by sampling assumed as for a Gaussian)"
+                    "Pillutla et al. 2023, Theorem 6(a), with n = m: (eps^2 / 2)-zCDP per round, composed "
+                    "with the update's Gaussian and amplified by Wang-Balle-Kasiviswanathan 2019 Thm. 9 "
+                    "(any mechanism of bounded RDP)"
                 ),
                 **_count_report(settings),
             }

@@ -76,15 +76,18 @@ def test_mean_and_variance(sigma):
 
 def test_acceptance_probability_per_round_bounds_the_loop():
     # The module caps the rejection loop assuming acceptance >= 0.3 per round.
-    # Exact acceptance of one round of the vectorized CKS sampler.
-    for sigma in [1e-3, 0.1, 0.5, 0.99, 1.0, 1.5, 2.0, 7.3, 100.0]:
+    # Exact acceptance of one round of the vectorized CKS sampler: U uniform
+    # on {0..t-1} kept with probability exp(-U / t), then the geometric
+    # proposal's sign and Gaussian tests.
+    for sigma in [1e-3, 0.1, 0.5, 0.99, 1.0, 1.5, 2.0, 7.3, 100.0, 1e4]:
         t = np.floor(sigma) + 1
         y = np.arange(0, int(60 * t) + 60, dtype=np.float64)
         geometric = (1 - np.exp(-1 / t)) * np.exp(-y / t)
         # Signed proposal: +y or -y with probability 1/2; -0 is rejected.
         laplace_mass = np.where(y == 0, 0.5, 1.0) * geometric
         gauss = np.exp(-((y - sigma**2 / t) ** 2) / (2 * sigma**2))
-        acceptance = np.sum(laplace_mass * gauss)
+        keep = np.mean(np.exp(-np.arange(int(t)) / t))
+        acceptance = keep * np.sum(laplace_mass * gauss)
         assert acceptance >= 0.3, (sigma, acceptance)
 
 
