@@ -115,8 +115,8 @@ def sampling_secrecy(config: RunConfig) -> str:
     if config.seed_drawn:
         return "its seed was drawn from the OS: keep config.json private"
     return (
-        f"the seed {config.seed} was given, so whoever knows it knows the cohorts and only the server's "
-        "epsilon holds; leave --seed unset to draw a secret one"
+        f"the seed {config.seed} was given: it fixes the cohorts and the noise, so neither epsilon holds "
+        "against whoever knows it; leave --seed unset to draw a secret one"
     )
 
 
@@ -125,8 +125,8 @@ def composition_note(releases: int) -> str | None:
     if releases < 2:
         return None
     return (
-        f"jaxfl: note: {releases} models trained with DP on the same clients' data are released: their "
-        "epsilons compose (at most their sum, for each trust model)"
+        f"jaxfl: note: {releases} models trained with DP on the same clients' data are released: together "
+        "they are at most (sum of their epsilons, sum of their deltas)-DP, for each trust model"
     )
 
 

@@ -230,8 +230,8 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     if private:
         print(f"jaxfl: note: secret sampling assumed by the observer's epsilons: {sampling_secrecy(config)}")
         if "seed" in grid:
-            print("jaxfl: note: the grid's seeds are given, hence public: for those points only the server's "
-                  "epsilon holds")
+            print("jaxfl: note: the grid's seeds are given, hence public: they fix those points' cohorts "
+                  "and noise, so neither epsilon holds against whoever knows them")
         note = composition_note(len(private))
         if note is not None:
             print(note)
@@ -385,7 +385,9 @@ def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total
     personal = next(
         (k for row in rows for k in row if k.startswith("personal_") and k.endswith("_error_mean")), None
     )
-    header = ["point", *names, "test err mean %", "p90 %", "sq90 %", "train loss"]
+    # The train loss where the training clients were evaluated (--eval-train).
+    train = any(row.get("train_loss_mean") is not None for row in rows)
+    header = ["point", *names, "test err mean %", "p90 %", "sq90 %", *["train loss"] * train]
     if personal is not None:
         header.append("personal err mean %")
     lines = [header]
@@ -397,8 +399,10 @@ def _print_rows(rows: list[dict[str, Any]], grid: Mapping[str, list[Any]], total
                 f"{100 * row['test_error_mean']:.2f}",
                 f"{100 * row['test_error_p90']:.2f}",
                 f"{100 * row['test_error_sq90']:.2f}",
-                f"{row['train_loss_mean']:.4f}",
             ]
+            + ([] if not train else [
+                "n/a" if row.get("train_loss_mean") is None else f"{row['train_loss_mean']:.4f}"
+            ])
             + ([] if personal is None else [
                 "" if row.get(personal) is None else f"{100 * row[personal]:.2f}"
             ])

@@ -259,4 +259,4 @@ def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
     }
     assert "drawn from the OS" in format_privacy("dp-fedavg", privacy, drawn)
     assert "seed 0 was given" in format_privacy("dp-fedavg", privacy, given)
-    assert "only the server's epsilon holds" in format_privacy("dp-fedavg", privacy, given)
+    assert "neither epsilon holds against whoever knows it" in format_privacy("dp-fedavg", privacy, given)
