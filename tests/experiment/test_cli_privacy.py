@@ -244,7 +244,7 @@ def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_
 def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
     # The observer's epsilon assumes secret cohort sampling: the default seed (0) is public.
     from jaxfl.cli import build_parser, resolve_config
-    from jaxfl.experiment.main import format_privacy
+    from jaxfl.experiment.main import composition_note, format_privacy
 
     def config(*flags):
         return resolve_config(build_parser().parse_args(["run", *flags]))
@@ -260,3 +260,6 @@ def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
     assert "drawn from the OS" in format_privacy("dp-fedavg", privacy, drawn)
     assert "seed 0 was given" in format_privacy("dp-fedavg", privacy, given)
     assert "neither epsilon holds against whoever knows it" in format_privacy("dp-fedavg", privacy, given)
+    # Several DP models of the same clients: basic composition, said once.
+    assert composition_note(1) is None
+    assert "3 models" in composition_note(3) and "sum of their epsilons, sum of their deltas" in composition_note(3)
