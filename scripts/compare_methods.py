@@ -552,6 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataset_options=dataset_options, rounds=args.rounds,
         clients_per_round=args.clients_per_round, local_epochs=1, batch_size=10,
         eval_every=max(1, args.rounds // args.eval_points), progress=False, strategy=layout,
+        eval_train=True,  # The tables' training loss (alpha-weighted, over the training clients).
     ))
     output = OutputDirectory(args.out, overwrite=True)
     full = setup(config)

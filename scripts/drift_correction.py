@@ -95,8 +95,9 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         run_dir = args.out / f"{args.setting}-seed{seed}"
         if not (run_dir / "comparison.csv").exists():
+            # --eval-train: the training objective is read from the training clients' rows of clients.csv.
             argv = ["run", *SETTINGS[args.setting], "--algorithm", ",".join(ALGORITHMS), "--seed", str(seed),
-                    "--no-progress", "--overwrite", "--out", str(run_dir)]  # fmt: skip
+                    "--eval-train", "--no-progress", "--overwrite", "--out", str(run_dir)]  # fmt: skip
             if jaxfl_main(argv) != 0:
                 return 1
         for name in ALGORITHMS:

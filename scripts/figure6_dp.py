@@ -139,6 +139,7 @@ def base_config(args: argparse.Namespace, algorithm: str, bins: int = 32):
             batch_size=100,
             lr=0.1,
             eval_every=args.rounds,
+            eval_train=True,  # The rows' train_loss_mean.
             strategy=args.strategy,
             dp_bins=bins,
             # DP Delta-FL's divisor: theta*m (sound, the default) or the paper's exact m_t.

@@ -5,8 +5,9 @@ Files of one algorithm's run:
 * `config.json`: the resolved configuration (loadable with `--config`);
 * `metrics.jsonl`: one JSON object per evaluation round;
 * `clients.csv`: per-client final metrics, with each client's examples;
-* `summary.json`: final summaries keyed `train_loss`, `train_error`,
-  `test_loss`, `test_error` (errors as fractions), each holding `mean`,
+* `summary.json`: final summaries keyed `test_loss`, `test_error` and,
+  with `--eval-train`, `train_loss`, `train_error` (errors as fractions; the
+  training clients are evaluated only when asked), each holding `mean`,
   `std`, `p10` ... `p95`, `superquantile_90`, `superquantile_95`, `best_10`;
   the run's `status` (`finished` or `diverged`), the rounds in which no
   client got weight, the resolved client strategy;
@@ -140,7 +141,7 @@ def write_clients_csv(path: Path, clients: dict[str, dict[str, np.ndarray]]) -> 
 
 
 def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per algorithm: test error statistics (%) and train loss.
+    """One row per algorithm: test error statistics (%) and train loss (NaN without `--eval-train`).
 
     An algorithm with personal models gets a second row, `NAME (personal)`:
     the clients' errors under their own models (on their own test data when
@@ -159,7 +160,7 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
         row = {"algorithm": name}
         for key, label in TABLE_COLUMNS:
             row[f"test_error_{label}"] = 100.0 * summary["test_error"][key]
-        row["train_loss_mean"] = summary.get("train_loss", {}).get("mean", float("nan"))  # --no-eval-train
+        row["train_loss_mean"] = summary.get("train_loss", {}).get("mean", float("nan"))  # no --eval-train
         rows.append(row)
         personal = summary.get("personal_test_error")
         where = "personal"
@@ -175,15 +176,18 @@ def comparison_rows(summaries: dict[str, dict[str, Any]]) -> list[dict[str, Any]
 
 
 def format_table(summaries: dict[str, dict[str, Any]]) -> str:
-    """A plain-text table of the test misclassification error (%)."""
-    header = ["algorithm"] + [label for _, label in TABLE_COLUMNS] + ["train loss"]
+    """A plain-text table of the test misclassification error (%), and the train loss where the
+    training clients were evaluated (`--eval-train`)."""
+    train = any("train_loss" in s or "personal_train_loss" in s for s in summaries.values())
+    header = ["algorithm"] + [label for _, label in TABLE_COLUMNS] + ["train loss"] * train
     lines = []
     for row in comparison_rows(summaries):
         cells = [row["algorithm"]]
         cells += [f"{row[f'test_error_{label}']:.2f}" for _, label in TABLE_COLUMNS]
         loss = row["train_loss_mean"]
-        # NaN: not evaluated (--no-eval-train), or diverged.
-        cells.append("n/a" if np.isnan(loss) else f"{loss:.4f}")
+        if train:
+            # NaN: diverged, or not evaluated.
+            cells.append("n/a" if np.isnan(loss) else f"{loss:.4f}")
         lines.append(cells)
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
     fmt = lambda cells: "  ".join(  # noqa: E731

@@ -8,8 +8,8 @@ staging folder while the run is going on, or after it was killed) and draws,
 for every algorithm or sweep point:
 
 * `learning_curves.png`: the training loss (mean over the training clients,
-  alpha-weighted) and the mean and 90th percentile of the test clients' error
-  at every evaluation round;
+  alpha-weighted; runs with `--eval-train` only) and the mean and 90th
+  percentile of the test clients' error at every evaluation round;
 * `client_error_histogram.png`: the histogram of the final per-client test
   error, one panel per run side by side, sharing their axes (Pillutla et
   al. 2023, Figure 3), with the mean and the 90th percentile marked;
@@ -669,6 +669,9 @@ def draw_learning_curves(runs: Sequence[RunResults], colors: Sequence[Any]):
         ax.set_ylabel(ylabel + (" (%)" if group.endswith("error") else ""))
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    if not axes[0].has_data():  # The training clients are evaluated only when asked.
+        axes[0].text(0.5, 0.5, "training clients not evaluated\n(runs with --eval-train show it)",
+                     transform=axes[0].transAxes, ha="center", va="center", color="0.4")
     handles, labels = axes[0].get_legend_handles_labels()
     if not handles:  # No training loss anywhere: take the legend from a test panel.
         handles, labels = axes[1].get_legend_handles_labels()
@@ -831,7 +834,8 @@ code { font-size: 0.95em; }
 _CAPTIONS = {
     "learning_curves.png": (
         "Learning curves",
-        "Left: training loss, the mean over all training clients weighted by their examples. Middle and "
+        "Left: training loss, the mean over all training clients weighted by their examples (runs with "
+        "--eval-train; the training clients are not evaluated otherwise). Middle and "
         "right: the mean and the 90th percentile of the test clients' misclassification error, at every "
         "evaluation round.",
     ),
@@ -924,7 +928,8 @@ def render_page(folders: Sequence[ResultsFolder], figures: dict[str, bytes], not
     parts += [
         "<h2>Final test error</h2>",
         "<p>Misclassification error of the test clients (%), each client counting once; training loss: "
-        "mean over training clients weighted by their examples. Unfinished runs: at their last evaluation."
+        "mean over training clients weighted by their examples (&ndash; where they were not evaluated: "
+        "runs without --eval-train). Unfinished runs: at their last evaluation."
         "</p>",
         "<table>",
         "<thead><tr><th>run</th><th>status</th>"

@@ -147,7 +147,7 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
 def evaluation_clients(run_setup: Setup) -> dict[str, np.ndarray]:
     """Population name -> the clients sampled for evaluation (`--eval-clients`), for the populations sampled.
 
-    The training clients' sample is there even with `--no-eval-train`: it
+    The training clients' sample is there without `--eval-train` too: it
     picks the personal models that go with the test clients under personal
     splits (`make_evaluator`).
     """
@@ -166,7 +166,8 @@ def _evaluated_sample(run_setup: Setup) -> dict[str, np.ndarray]:
 
 
 def evaluation_line(run_setup: Setup) -> str | None:
-    """What `--eval-clients` and `--no-eval-train` leave out, for the run's header; None: nothing."""
+    """What `--eval-clients` and the training clients' evaluation (`--eval-train`, off by default) leave
+    out, for the run's header; None: nothing."""
     sample = _evaluated_sample(run_setup)
     parts = []
     if sample:
@@ -176,7 +177,18 @@ def evaluation_line(run_setup: Setup) -> str | None:
         )
         parts.append(f"on a fixed sample of clients (--eval-clients): {sampled}")
     if not run_setup.config.eval_train:
-        parts.append("not on the training clients (--no-eval-train)")
+        parts.append("not on the training clients (--eval-train adds them)")
+        personal = [  # Their own, made after training, or fine-tuned (`after_training_models`).
+            name for name in run_setup.config.algorithms
+            if algorithm_spec(name).personal_models or algorithm_spec(name).adapts_after_training
+            or (run_setup.config.finetune_epochs and name not in CLIENT_STATE_ALGORITHMS)
+        ]
+        if personal and not run_setup.dataset.personal_splits:
+            # Their only data here is their clients' training data.
+            parts.append(
+                f"personal models of {', '.join(personal)} not evaluated (no test data of their clients "
+                "here: --eval-train evaluates them on their training data, --client-split F holds some out)"
+            )
     if not parts:
         return None
     return f"evaluation {'; '.join(parts)}; `jaxfl evaluate DIR` evaluates every client of a saved run"

@@ -376,11 +376,15 @@ def not_private_outputs(settings: Any) -> list[str]:
         "metrics.jsonl round_metrics.clients_uploading, and client_uploads, bytes_up and bytes_down in "
         "metrics.jsonl and summary.json (the clients that sent an update: m_t where a threshold picks them)",
     ]
+    # Written only where the training clients are evaluated (--eval-train).
+    train = [
+        "the train_* summaries and the training clients' rows of clients.csv (evaluated on their data)"
+    ] if getattr(settings, "eval_train", False) else []
     return [
         "metrics.jsonl round_metrics other than threshold and update_norm (the released update's): "
         "train_loss, cohort_loss, clipped_fraction, mean_update_norm, local_steps",
         *count,
-        "the train_* summaries and the training clients' rows of clients.csv (evaluated on their data)",
+        *train,
         "personal models (--finetune-epochs) and their evaluation: each trained on one client's data "
         "without noise",
         "timing.json and the divergence flags the run stops on (released only as the models' finiteness)",

@@ -114,7 +114,7 @@ def test_perfedavg_sweep_points_make_their_adapted_models(tmp_path, capsys):
     argv = [
         "sweep", *TINY_LABEL_SHIFT, "--rounds", "2", "--clients-per-round", "8", "--eval-every", "2",
         "--no-progress", "--algorithm", "perfedavg", "--client-split", "0.25", "--batch-size", "30",
-        "--grid", "perfedavg_alpha=0.5,1e-9", "--out", str(sweep),
+        "--grid", "perfedavg_alpha=0.5,1e-9", "--eval-train", "--out", str(sweep),
     ]  # fmt: skip
     assert main(argv) == 0
     capsys.readouterr()

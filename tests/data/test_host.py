@@ -209,6 +209,8 @@ RUN = dict(
     clients_per_round=5,
     progress=False,
     strategy="vmap",
+    # The host-resident population is the training one: its (streamed) evaluation is asked for.
+    eval_train=True,
 )
 
 

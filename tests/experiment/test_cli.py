@@ -47,14 +47,17 @@ RUN_FILES = [
 def test_run_writes_its_files(finished_run):
     assert sorted(p.name for p in finished_run.iterdir()) == RUN_FILES
     summary = json.loads((finished_run / "summary.json").read_text())
-    for group in ("train_loss", "test_error"):
+    for group in ("test_loss", "test_error"):
         assert set(SUMMARY_KEYS) <= set(summary[group])
     assert 0.0 <= summary["test_error"]["mean"] <= 1.0
     lines = (finished_run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [2, 4]
+    # The training clients are evaluated only when asked (--eval-train): no train_* summaries or rows.
+    assert not any(key.startswith("train_") for line in lines for key in json.loads(line))
+    assert not any(key.startswith("train_") for key in summary)
     rows = (finished_run / "clients.csv").read_text().splitlines()
     assert rows[0] == "population,client,num_examples,loss,error,targets"
-    assert len(rows) == 1 + 40 + 20
+    assert len(rows) == 1 + 20 and all(row.startswith("test,") for row in rows[1:])
     config = json.loads((finished_run / "config.json").read_text())
     assert config["rounds"] == 4 and config["seed"] == 3
 
@@ -67,6 +70,9 @@ def test_default_compares_fedavg_and_deltafl(tmp_path, capsys):
     status, stdout, _ = _run([*args, "--out", str(out)], capsys)
     assert status == 0
     lines = stdout.splitlines()
+    # The header says the training clients are left out, and how to ask for them; no train loss column.
+    assert "evaluation not on the training clients (--eval-train adds them)" in stdout
+    assert "train loss" not in stdout
     assert any(line.startswith("fedavg ") for line in lines)
     assert any(line.startswith("deltafl ") for line in lines)
     for name in ("fedavg", "deltafl"):
@@ -88,28 +94,42 @@ def test_config_json_reruns_identically(finished_run, tmp_path, capsys):
     assert (again / "clients.csv").read_text() == (finished_run / "clients.csv").read_text()
 
 
+def test_the_training_clients_are_evaluated_only_when_asked():
+    from jaxfl.cli import build_parser, resolve_config
+
+    def eval_train(*flags):
+        return resolve_config(build_parser().parse_args(["run", *flags])).eval_train
+
+    # --no-eval-train, the default, is still accepted (scripts/ pass it).
+    assert (eval_train(), eval_train("--no-eval-train"), eval_train("--eval-train")) == (False, False, True)
+
+
 def test_eval_clients_evaluates_the_same_models_on_a_sample(finished_run, tmp_path, capsys):
-    # The same run evaluated on 7 test clients and no training client: the header says so, the
-    # summary records it, and clients.csv holds those clients' rows of the full evaluation, under
-    # their ids.
+    # The same run evaluated on 7 test clients and, asked for with --eval-train, 7 training clients
+    # (left out by default): the header says so, the summary records it, and clients.csv holds those
+    # clients' rows, the test clients' those of the full evaluation, under their ids.
     sampled = tmp_path / "sampled"
-    args = ["--config", str(finished_run / "config.json"), "--eval-clients", "7", "--no-eval-train"]
+    args = ["--config", str(finished_run / "config.json"), "--eval-clients", "7", "--eval-train"]
     status, out, _ = _run([*args, "--out", str(sampled)], capsys)
     assert status == 0
     assert (
-        "evaluation on a fixed sample of clients (--eval-clients): 7 of 20 test; not on the training clients"
-        in out
+        "evaluation on a fixed sample of clients (--eval-clients): 7 of 40 train, 7 of 20 test; `jaxfl "
+        "evaluate DIR`" in out
     )
+    assert "not on the training clients" not in out and "train loss" in out
     summary = json.loads((sampled / "summary.json").read_text())
-    assert summary["evaluated_clients"] == {"test": {"evaluated": 7, "of": 20}}
-    assert "train_loss" not in summary and "test_loss" in summary
+    assert summary["evaluated_clients"] == {
+        "train": {"evaluated": 7, "of": 40}, "test": {"evaluated": 7, "of": 20}
+    }
+    assert {"train_loss", "train_error", "test_loss"} <= set(summary)
 
     def rows(folder):
         with (folder / "clients.csv").open() as f:
             return {(r["population"], int(r["client"])): r for r in csv.DictReader(f)}
 
     full, got = rows(finished_run), rows(sampled)
-    assert len(got) == 7 and {p for p, _ in got} == {"test"}
+    assert len(got) == 14 and sorted({p for p, _ in got}) == ["test", "train"]
+    got = {key: row for key, row in got.items() if key[0] == "test"}
     for key, row in got.items():
         assert row["num_examples"] == full[key]["num_examples"]
         for column in ("loss", "error"):

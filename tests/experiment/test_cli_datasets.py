@@ -169,6 +169,7 @@ def test_fashion_mnist_dirichlet_from_the_debian_files(tmp_path, capsys):
         "--no-progress",
         "--strategy",
         "vmap",
+        "--eval-train",  # The training clients' rows: the partition of the 60,000 training images.
         "--out",
         str(out),
     ]

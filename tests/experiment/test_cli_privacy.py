@@ -230,6 +230,8 @@ def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_
     record = json.loads((dp_run / "dp-deltafl" / "metrics.jsonl").read_text().splitlines()[-1])
     for metric in set(record["round_metrics"]) - {"threshold", "update_norm", "clients_with_weight"}:
         assert metric in not_private
+    # The training clients' evaluation is listed where it is written (--eval-train), not here.
+    assert "train_loss" not in record and "train_* summaries" not in not_private
     out = tmp_path / "exact"
     argv = ["run", *TINY, "--algorithm", "dp-deltafl", "--epsilon", "8", "--dp-count", "exact",
             "--out", str(out)]

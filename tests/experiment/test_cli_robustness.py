@@ -163,9 +163,11 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
 def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
     # Host-resident clients (streamed evaluation) under an attack: the summaries count the benign ones too.
+    # --eval-train: the training clients too (their streamed evaluation, and the fine-tuned models' fit).
     argv = [
         "run", *TINY, "--algorithm", "fedavg", "--client-split", "0.25", "--finetune-epochs", "2",
         "--finetune-ewc", "0.5", "--residency", "host", "--attack", "sign-flip", "--attack-fraction", "0.25",
+        "--eval-train",
     ]  # fmt: skip
     assert main([*argv, "--out", str(out)]) == 0
     assert "fedavg (personal)" in capsys.readouterr().out

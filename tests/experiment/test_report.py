@@ -53,7 +53,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 RUNS = {
-    "single": ["run", *TINY, "--algorithm", "fedavg"],
+    # The training loss is drawn where the training clients were evaluated (--eval-train): here only.
+    "single": ["run", *TINY, "--algorithm", "fedavg", "--eval-train"],
     "multi": ["run", *TINY, "--algorithm", "fedavg,deltafl"],
     "sweep": ["sweep", *TINY, "--algorithm", "fedavg", "--grid", "lr=0.05,0.1"],
 }
@@ -140,6 +141,9 @@ def test_reads_several_algorithms_in_their_order(runs):
     for run in folder.runs:
         assert run.path == runs / "multi" / run.algorithm and run.finished
         assert len(run.evaluations) == 2
+        # Without --eval-train: no training loss, and no training clients' rows.
+        assert curve(run, "train_loss", "mean")[0].size == 0 and set(run.clients) == {"test"}
+    assert all(np.isnan(row["train_loss_mean"]) for row in final_rows([folder]))
 
 
 def test_reads_a_sweep_labelled_by_its_grid(runs, tmp_path):

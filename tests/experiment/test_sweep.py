@@ -30,8 +30,9 @@ TINY_FLAGS = [
 # over FedAvg, is checked against its single run in test_cli_robustness.py).
 @pytest.mark.parametrize("algorithm", ["deltafl"])
 def test_sweep_points_equal_single_runs(algorithm):
-    # Fine-tuned after training (`--finetune-epochs`), each point as its single run is.
-    finetuned = {"finetune_epochs": 1}
+    # Fine-tuned after training (`--finetune-epochs`), each point as its single run is: evaluated on
+    # their clients' training data (the dataset holds no test data of theirs), asked for.
+    finetuned = {"finetune_epochs": 1, "eval_train": True}
     config = make_config({**TINY, **finetuned, "algorithm": algorithm})
     run_setup = setup(config)
     name = config.algorithms[0]
