@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "multiprocess_run.py"
 
@@ -26,6 +27,7 @@ def _command(*args):
     return [sys.executable, str(SCRIPT), "--rounds", "2", *args]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)

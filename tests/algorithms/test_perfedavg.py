@@ -108,6 +108,7 @@ def test_personal_models_are_one_adaptation_step_on_all_the_clients_data():
         np.testing.assert_allclose(adapted["dense"]["bias"][k], bias - ALPHA * gb, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_perfedavg_sweep_points_make_their_adapted_models(tmp_path, capsys):
     """A sweep's points make their adapted models (a single run's: test_cli_algorithms.py)."""
     sweep = tmp_path / "sweep"

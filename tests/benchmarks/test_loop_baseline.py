@@ -48,6 +48,7 @@ def sequence_task(rng):
     return Task(model, excluded_target_ids=(0, 1)), pack_clients(clients)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, num_epochs, max_steps",
     [(labels_task, 2, 5), (sequence_task, 1, None)],

@@ -111,6 +111,7 @@ def test_cpu_trace_keeps_the_leaves_of_nested_thunks(profiler):
     assert summary["phases"] == {"local_steps": {"kernels": 2, "us": 20.0}}
 
 
+@pytest.mark.slow
 def test_a_real_round_profile_lands_in_the_template_phases(profiler, tmp_path):
     rng = np.random.default_rng(0)
     population = pack_clients([

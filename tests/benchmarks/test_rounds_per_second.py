@@ -18,6 +18,7 @@ def benchmark():
         yield module
 
 
+@pytest.mark.slow
 def test_measure_reports_the_documented_fields(benchmark):
     args = benchmark._parse([
         "--workload", "population", "--population", "50", "--clients-per-round", "8",

@@ -214,6 +214,7 @@ RUN = dict(
 )
 
 
+@pytest.mark.slow
 def test_a_run_and_a_sweep_on_a_host_population_equal_the_device_ones():
     results = {}
     for residency in ("device", "host"):

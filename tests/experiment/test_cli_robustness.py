@@ -111,6 +111,7 @@ def test_a_cached_host_population_can_be_split_and_poisoned():
         np.testing.assert_array_equal(poisoned.train.client(i)["x"], split.train.client(i)["x"])
 
 
+@pytest.mark.slow
 def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
     # lambda is a traced hyperparameter: a grid over it is one compiled sweep,
     # each point (personal models included) equal to its single run up to

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from reference import client_loss_reference, tiny_population
 
 from jaxfl.cli import main
@@ -22,6 +23,7 @@ TINY = dict(
 )
 
 
+@pytest.mark.slow
 def test_family_member_equals_theta_trained_alone():
     run_setup = setup(make_config(TINY))
     thetas = [1.0, 0.5, 0.2]
@@ -68,6 +70,7 @@ def test_serving_picks_the_lowest_selection_loss():
         np.testing.assert_allclose(family.served_error[i], error, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_family_cli(tmp_path, capsys):
     flags = [
         "--dataset-option", "num_train_clients=40", "--dataset-option", "num_validation_clients=0",

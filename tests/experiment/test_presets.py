@@ -167,6 +167,7 @@ def _assert_the_presets_config(name: str, config: dict, options: dict, **set_by_
     assert config["batch_size"] == preset["batch_size"] and config["lr"] == pytest.approx(preset["lr"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -202,6 +203,7 @@ def test_preset_runs_end_to_end_at_its_model_size(name, tmp_path, capsys):
     assert f"{preset['dataset']}: " in printed.out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [

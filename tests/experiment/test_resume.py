@@ -176,6 +176,7 @@ def test_several_algorithms_resume_the_unfinished_one_a_dp_one_with_its_privacy_
     assert json.loads((out / "dp-fedavg" / "summary.json").read_text())["privacy"]["rounds"] == 8
 
 
+@pytest.mark.slow
 def test_sweep_resumes_the_points_that_did_not_finish(tmp_path, monkeypatch):
     grid = ["--grid", "theta=0.3,0.7", "--grid", "batch_size=5,10"]
     argv = [*BASE, "--algorithm", "deltafl", "--strategy", "vmap", *grid]

@@ -21,6 +21,7 @@ def script():
 
 
 
+@pytest.mark.slow
 def test_quick_mode_writes_tables_figures_and_protocol(script, tmp_path):
     out = tmp_path / "compare"
     status = script.main([

@@ -157,6 +157,7 @@ def test_reuses_finished_runs_with_the_same_settings_only(script, tmp_path, monk
     assert records == {"ditto": "reused", "term": "ran", "local": "ran"}
 
 
+@pytest.mark.slow
 def test_quick_mode_end_to_end(script, tmp_path, monkeypatch, capsys):
     from jaxfl.cli import main as jaxfl_main
 
