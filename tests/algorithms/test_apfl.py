@@ -191,6 +191,7 @@ def test_personal_models_of_a_stacked_sweep_state():
         np.testing.assert_array_equal(mixed[1], local_rows)
 
 
+@pytest.mark.slow
 def test_apfl_run_reports_and_saves_the_mixtures(tmp_path, capsys):
     """`jaxfl run` evaluates and saves alpha v_k + (1 - alpha) w: at alpha = 0, the global model."""
     from jaxfl.experiment.saved_model import load_model

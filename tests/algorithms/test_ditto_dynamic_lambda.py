@@ -197,6 +197,7 @@ def test_cli_refuses_dynamic_lambda_without_validation_data(tmp_path, capsys):
     assert_cli_refuses(argv, ["ditto_dynamic_lam", "--client-validation-split"], out, capsys)
 
 
+@pytest.mark.slow
 def test_dynamic_lambda_from_the_cli(tmp_path, capsys):
     """Host-resident, so the validation examples are copied to the device for the round (the rounds
     themselves equal the device-resident ones: tests/data/test_host.py)."""

@@ -94,6 +94,7 @@ def _personal_models(task, num_clients, seed):
     return jax.vmap(lambda k: jax.tree.map(lambda p: p + jax.random.normal(k, p.shape), params))(keys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["device", "host"])
 def test_a_sampled_evaluation_is_the_full_ones_rows_of_those_clients(where):
     # Against the full evaluation as reference: each sampled client's metrics (global and personal

@@ -138,6 +138,7 @@ def test_eval_clients_evaluates_the_same_models_on_a_sample(finished_run, tmp_pa
     assert summary["test_error"]["mean"] == pytest.approx(sum(errors) / 7, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_flags_override_config_file(tmp_path, capsys):
     config = tmp_path / "c.toml"
     config.write_text('rounds = 1000\nlr = 0.5\n[dataset_options]\nnum_train_clients = 40\n'

@@ -89,6 +89,7 @@ def test_the_groups_cover_every_algorithm():
     assert sorted(sum(GROUPS.values(), [])) == sorted(algorithm_names())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record", GROUPS)
 def test_every_algorithm_runs_from_the_cli(record, tmp_path, capsys):
     names = GROUPS[record]
@@ -230,6 +231,7 @@ def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, caps
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
 
 
+@pytest.mark.slow
 def test_scaffold_control_variates_in_host_memory_resume_to_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
     # SCAFFOLD's c_i are per-client state that is not a model: kept in host memory, checkpointed
     # with the run and resumed, they give the uninterrupted run's results (its record); no personal

@@ -78,6 +78,7 @@ def test_clocks_that_cannot_run_are_refused_in_one_line(tmp_path, capsys, args, 
     assert_cli_refuses(argv, words, out, capsys)
 
 
+@pytest.mark.slow
 def test_an_asynchronous_run_on_online_windows_resumes_bit_for_bit(tmp_path, monkeypatch, capsys):
     from reference import StopAfter
 

@@ -12,6 +12,7 @@ from jaxfl.cli import main
 TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "1", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_bytes_follow_from_the_code_size_and_the_clients_that_uploaded(tmp_path, capsys):
     out = tmp_path / "run"
     status = main([

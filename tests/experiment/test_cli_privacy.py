@@ -197,6 +197,7 @@ def test_refused_privacy_settings_exit_2_with_one_line(args, words, tmp_path, ca
     assert_cli_refuses(["run", *TINY, *args, "--out", str(out)], words, out, capsys)
 
 
+@pytest.mark.slow
 def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
     # A grid over epsilon (an outer setting: one calibration per point) and the
     # clip norm (vmapped): every point's summary and row carry what it spent.

@@ -19,6 +19,7 @@ from jaxfl.experiment import training_loop
 TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "8", "--eval-every", "3", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_ditto_under_attack_with_a_robust_aggregator(tmp_path, capsys):
     out = tmp_path / "run"
     status = main([
@@ -161,6 +162,7 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
     assert_matches_record("ditto-host-state-resumed", tmp_path / "single", ["ditto"])
 
 
+@pytest.mark.slow
 def test_finetuning_baseline_from_the_cli(tmp_path, capsys):
     out = tmp_path / "run"
     # Host-resident clients (streamed evaluation) under an attack: the summaries count the benign ones too.

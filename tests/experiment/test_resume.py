@@ -151,6 +151,7 @@ def test_resume_from_the_state_kill_9_leaves(latest, uninterrupted_vmap, tmp_pat
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_several_algorithms_resume_the_unfinished_one_a_dp_one_with_its_privacy_spent(tmp_path, monkeypatch):
     # One run for both: the unfinished algorithm is the DP one (a run of its own each cost 15 s).
     # A given seed: without one, each DP run draws its own (tests/experiment/test_cli_privacy.py).

@@ -43,6 +43,7 @@ def _assert_same(a, b):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
 
 
+@pytest.mark.slow
 def test_fused_rounds_equal_one_round_per_call(monkeypatch):
     run_setup = setup(make_config(CONFIG))
     fused = run_algorithm(run_setup, "deltafl")
