@@ -7,6 +7,8 @@ margin and a wrong sigma (15% off) is rejected, i.e. the tests can fail.
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,9 @@ import pytest
 from scipy import stats
 
 from jaxfl.primitives import discrete_gaussian
+
+# The module (its name is shadowed by the function in jaxfl.primitives).
+discrete_gaussian_module = importlib.import_module("jaxfl.primitives.discrete_gaussian")
 
 NUM_SAMPLES = 40_000
 sample = jax.jit(discrete_gaussian, static_argnums=2)
@@ -74,9 +79,9 @@ def test_mean_and_variance(sigma):
         np.testing.assert_allclose(variance, sigma**2, rtol=1e-6)
 
 
-def test_acceptance_probability_per_round_bounds_the_loop():
-    # The module caps the rejection loop assuming acceptance >= 0.3 per round.
-    # Exact acceptance of one round of the vectorized CKS sampler: U uniform
+def test_acceptance_probability_per_proposal_is_above_the_pools_floor():
+    # The module sizes its pools of proposals assuming acceptance >= 0.3.
+    # Exact acceptance of one proposal of the CKS sampler: U uniform
     # on {0..t-1} kept with probability exp(-U / t), then the geometric
     # proposal's sign and Gaussian tests.
     for sigma in [1e-3, 0.1, 0.5, 0.99, 1.0, 1.5, 2.0, 7.3, 100.0, 1e4]:
@@ -88,7 +93,8 @@ def test_acceptance_probability_per_round_bounds_the_loop():
         gauss = np.exp(-((y - sigma**2 / t) ** 2) / (2 * sigma**2))
         keep = np.mean(np.exp(-np.arange(int(t)) / t))
         acceptance = keep * np.sum(laplace_mass * gauss)
-        assert acceptance >= 0.3, (sigma, acceptance)
+        # Lemire's rejection of U keeps at least 1 - t / 2^32 of the draws.
+        assert acceptance * (1 - t / 2**32) >= discrete_gaussian_module._ACCEPTANCE_FLOOR, (sigma, acceptance)
 
 
 def test_zero_sigma_and_traced_sigma():
@@ -119,3 +125,38 @@ def test_argument_errors():
         discrete_gaussian(jax.random.key(0), np.inf, (3,))
     with pytest.raises(ValueError, match="integer dtype"):
         discrete_gaussian(jax.random.key(0), 1.0, (3,), dtype=jnp.float32)
+
+
+def test_wide_multiply_and_uniform_integers_match_python_integers():
+    rng = np.random.default_rng(0)
+    edges = np.array([0, 1, 2**16 - 1, 2**16, 2**31, 2**32 - 1], np.uint64)
+    words = np.concatenate([edges, rng.integers(0, 2**32, 5000, dtype=np.uint64)])
+    bounds = np.concatenate([
+        np.array([1, 2, 3, 2**16 - 1, 2**16 + 1, 1_000_001], np.uint64),
+        rng.integers(1, 1_000_002, words.size - 6, dtype=np.uint64),
+    ])
+    high, low = discrete_gaussian_module._multiply_wide(
+        jnp.asarray(words, jnp.uint32), jnp.asarray(bounds, jnp.uint32)
+    )
+    product = [int(w) * int(b) for w, b in zip(words, bounds)]
+    np.testing.assert_array_equal(np.asarray(high, np.uint64), [p >> 32 for p in product])
+    np.testing.assert_array_equal(np.asarray(low, np.uint64), [p % 2**32 for p in product])
+    value, kept = discrete_gaussian_module._uniform_below(
+        jnp.asarray(words, jnp.uint32), jnp.asarray(bounds, jnp.uint32)
+    )
+    # Lemire: floor(w t / 2^32), kept when (w t mod 2^32) >= 2^32 mod t.
+    np.testing.assert_array_equal(np.asarray(value, np.uint64), [p >> 32 for p in product])
+    np.testing.assert_array_equal(
+        np.asarray(kept), [p % 2**32 >= 2**32 % int(b) for p, b in zip(product, bounds)]
+    )
+
+
+def test_many_small_pools_fill_the_samples_in_order(monkeypatch):
+    # Pools of 3 proposals: the samples are filled over many pools, from the accepted ones in
+    # order; the law must stay N_Z.
+    monkeypatch.setattr(discrete_gaussian_module, "_pool_size", lambda num_samples: 3)
+    monkeypatch.setattr(discrete_gaussian_module, "_MAX_POOLS", 100_000)
+    samples = np.asarray(jax.jit(discrete_gaussian, static_argnums=2)(jax.random.key(3), 2.0, (20_000,)))
+    assert np.count_nonzero(samples) > 0.7 * samples.size  # every sample filled (P(0) is about 0.2)
+    assert chi_square_p_value(samples, 2.0) > 1e-3
+    assert chi_square_p_value(samples, 2.3) < 1e-6
