@@ -23,6 +23,8 @@ import JAX until something needs it.
 
 import importlib
 
+from jaxfl.algorithms.registry import algorithm_factories
+
 __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
@@ -50,28 +52,6 @@ _PUBLIC = {
     "Aggregation": "jaxfl.algorithms.stages",
     "Robustness": "jaxfl.algorithms.stages",
     # Algorithms.
-    "fedavg": "jaxfl.algorithms.fedavg",
-    "fedavg_sub": "jaxfl.algorithms.fedavg_sub",
-    "fedsgd": "jaxfl.algorithms.fedsgd",
-    "fedprox": "jaxfl.algorithms.fedprox",
-    "qffl": "jaxfl.algorithms.qffl",
-    "afl": "jaxfl.algorithms.afl",
-    "term": "jaxfl.algorithms.term",
-    "deltafl": "jaxfl.algorithms.deltafl",
-    "dp_fedavg": "jaxfl.algorithms.dp_fedavg",
-    "dp_deltafl": "jaxfl.algorithms.dp_deltafl",
-    "ditto": "jaxfl.algorithms.ditto",
-    "l2sgd": "jaxfl.algorithms.l2sgd",
-    "apfl": "jaxfl.algorithms.apfl",
-    "mapper": "jaxfl.algorithms.mapper",
-    "perfedavg": "jaxfl.algorithms.perfedavg",
-    "scaffold": "jaxfl.algorithms.scaffold",
-    "fednova": "jaxfl.algorithms.fednova",
-    "feddyn": "jaxfl.algorithms.feddyn",
-    "feddane": "jaxfl.algorithms.feddane",
-    "qmaml": "jaxfl.algorithms.qmaml",
-    "fedbuff": "jaxfl.algorithms.fedbuff",
-    "fedasync": "jaxfl.algorithms.fedasync",
     "algorithm_names": "jaxfl.algorithms.registry",
     "build_algorithm": "jaxfl.algorithms.registry",
     "Engine": "jaxfl.algorithms.registry",
@@ -95,6 +75,9 @@ _PUBLIC = {
     "run_algorithm": "jaxfl.experiment.runner",
     "run_sweep": "jaxfl.experiment.sweep",
 }
+
+# Every registered algorithm's factory (`fedavg`, `scaffold`, ...), from the registry.
+_PUBLIC.update(algorithm_factories())
 
 __all__ = ["__version__", *_PUBLIC]
 

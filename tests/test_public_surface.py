@@ -52,14 +52,20 @@ def test_the_api_reference_builds(tmp_path):
     assert "per-client state" in stages
 
 
-def test_the_write_your_own_algorithm_page_runs(capsys):
-    # Its Python blocks, in order, in one namespace: the FedNova built there trains.
+def test_the_write_your_own_algorithm_page_runs(capsys, monkeypatch):
+    # Its Python blocks, in order, in one namespace: the FedNova built there trains, and its
+    # registry entry (made in a copy of the registry) declares its setting.
+    from jaxfl.algorithms import registry
+
+    monkeypatch.setattr(registry, "SPECS", dict(registry.SPECS))
     page = (ROOT / "docs" / "write-an-algorithm.md").read_text()
     blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace = {}
     for block in blocks:
         exec(compile(block, "write-an-algorithm.md", "exec"), namespace)
+    assert registry.setting_users("my_decay") == ["my-fednova"]
+    assert registry.algorithm_settings()["my_decay"].default == 0.5
     out = capsys.readouterr().out
     assert out.startswith("round 5: train loss ") and "tau_eff" in out
     # Its registry builder makes the same algorithm from a run's shared pieces.

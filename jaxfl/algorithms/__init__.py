@@ -8,6 +8,8 @@ import importlib
 import sys
 import types
 
+from jaxfl.algorithms.registry import algorithm_factories
+
 # Public name -> the module that defines it.
 _PUBLIC = {
     "FederatedAlgorithm": "jaxfl.algorithms.base",
@@ -29,29 +31,10 @@ _PUBLIC = {
     "algorithm_spec": "jaxfl.algorithms.registry",
     "build_algorithm": "jaxfl.algorithms.registry",
     "hparam_fields": "jaxfl.algorithms.registry",
-    "afl": "jaxfl.algorithms.afl",
-    "apfl": "jaxfl.algorithms.apfl",
-    "deltafl": "jaxfl.algorithms.deltafl",
-    "ditto": "jaxfl.algorithms.ditto",
-    "dp_deltafl": "jaxfl.algorithms.dp_deltafl",
-    "dp_fedavg": "jaxfl.algorithms.dp_fedavg",
-    "fedavg": "jaxfl.algorithms.fedavg",
-    "fedavg_sub": "jaxfl.algorithms.fedavg_sub",
-    "fedasync": "jaxfl.algorithms.fedasync",
-    "fedbuff": "jaxfl.algorithms.fedbuff",
-    "feddane": "jaxfl.algorithms.feddane",
-    "feddyn": "jaxfl.algorithms.feddyn",
-    "fednova": "jaxfl.algorithms.fednova",
-    "fedprox": "jaxfl.algorithms.fedprox",
-    "fedsgd": "jaxfl.algorithms.fedsgd",
-    "l2sgd": "jaxfl.algorithms.l2sgd",
-    "mapper": "jaxfl.algorithms.mapper",
-    "perfedavg": "jaxfl.algorithms.perfedavg",
-    "qffl": "jaxfl.algorithms.qffl",
-    "qmaml": "jaxfl.algorithms.qmaml",
-    "scaffold": "jaxfl.algorithms.scaffold",
-    "term": "jaxfl.algorithms.term",
 }
+
+# Every registered algorithm's factory (`fedavg`, `scaffold`, ...), from the registry.
+_PUBLIC.update(algorithm_factories())
 
 __all__ = list(_PUBLIC)
 

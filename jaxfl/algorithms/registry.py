@@ -7,12 +7,13 @@ Each entry (`AlgorithmSpec`) is the one place that says, of its algorithm,
   client weighting, number of training clients) and its static options: a
   `from_engine` function in the algorithm's own module, named by its path and
   imported only when the algorithm is built;
-* which run settings are its numeric hyperparameters, put into
-  `ServerState.hparams` as traced scalars (a sweep vmaps the round over
+* the run settings it reads, each declared here once with its default,
+  range and help (`jaxfl.settings.Setting`; `RunConfig`, the command line's
+  flags and `--help` are built from them): its numeric hyperparameters, put
+  into `ServerState.hparams` as traced scalars (a sweep vmaps the round over
   them), beyond the local ones every algorithm takes ('lr', 'lr_decay',
-  'lr_decay_period', 'l2');
-* which run settings are static options (they change the compiled round),
-  with their defaults (`RunConfig` takes its defaults from here);
+  'lr_decay_period', 'l2'); its static options (they change the compiled
+  round); what its privacy budget reads;
 * what it keeps and supports: per-client rows, personal models, differential
   privacy (its budget), full-batch local training, serving as Ditto's global
   solver.
@@ -50,6 +51,8 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from jaxfl.settings import Items, Setting
 
 if TYPE_CHECKING:
     import optax
@@ -146,10 +149,13 @@ class AlgorithmSpec:
       description: one line for `jaxfl list`.
       hparams: run settings that are numeric hyperparameters of the
         algorithm (beyond the local ones), in `state.hparams` under the same
-        names.
-      options: static options (run setting -> default).
+        names: name -> `Setting`.
+      options: static options: name -> `Setting`.
       privacy_budget: for differentially private algorithms, 'module:name'
         of its `jaxfl.privacy.budget.DpBudget` (`privacy`); None otherwise.
+      privacy_settings: the further run settings that budget reads (name ->
+        `Setting`).
+      A setting several entries read is the same `Setting` in each.
       client_rows: model-sized rows of per-client state the algorithm keeps
         per training client (personal models, SCAFFOLD's c_i), 0 for none:
         what the client-state layout (`--client-state`) and the memory
@@ -172,13 +178,17 @@ class AlgorithmSpec:
       adapts_after_training: whether it makes every training client's
         personal model from the global one after training (N model-sized
         rows at evaluation, without per-client state during training).
+      step_arrivals: for an asynchronous algorithm (its rounds are server
+        steps of clients on the simulated clock), `clients_per_round -> the
+        arrivals each server step takes`; None for a synchronous one.
     """
 
     builder: str
     description: str
-    hparams: tuple[str, ...] = ()
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    hparams: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
+    options: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
     privacy_budget: str | None = None
+    privacy_settings: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
     client_rows: int = 0
     personal_models: bool = False
     full_batch: Callable[[Mapping[str, Any]], bool] = _never
@@ -186,6 +196,17 @@ class AlgorithmSpec:
     inherited: tuple[str, ...] = ()
     host_rows: bool = True
     adapts_after_training: bool = False
+    step_arrivals: Callable[[int], int] | None = None
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        """Static option -> its default."""
+        return {name: setting.default for name, setting in self.options.items()}
+
+    @property
+    def settings(self) -> dict[str, Setting]:
+        """Every run setting it declares: hyperparameters, options and privacy settings."""
+        return {**self.hparams, **self.options, **self.privacy_settings}
 
     def build(self, engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
         """The algorithm, from `builder` (its module imported now)."""
@@ -197,9 +218,107 @@ class AlgorithmSpec:
         return None if self.privacy_budget is None else _resolve(self.privacy_budget)
 
 
-_STRAGGLERS = {"stragglers": 0.0}
-_DP_HISTOGRAM = {"dp_bins": 32, "dp_bits": 32}
-_QFFL_VARIANT = {"qffl_variant": "fedavg"}
+# Settings that several entries read (each entry's own are declared in it).
+_STRAGGLERS = {
+    "stragglers": Setting(
+        0.0, "fraction in [0, 1) of each cohort that straggles (runs 1 to local_epochs - 1 epochs; needs "
+        "local_epochs >= 2 where their work is kept); fedavg drops them (as apfl's and ditto's fedavg do), "
+        "fedprox and fednova keep their work",
+        low=0.0, high=1.0, high_open=True,
+    )
+}
+_THETA = {
+    "theta": Setting(
+        0.5, "tail fraction theta in (0, 1] of the superquantile of Delta-FL (1: FedAvg); for fedavg-sub the "
+        "fraction of each cohort that trains", low=0.0, high=1.0, low_open=True,
+    )
+}
+_MU = {"mu": Setting(0.01, "proximal weight mu >= 0 (fedasync: its rho)", low=0.0)}
+_Q = {
+    "q": Setting(
+        None, "q >= 0 of q-FFL, 0: FedAvg (unset: 1 for qffl and qmaml, 10 for afl-qffl)",
+        type="float | None", low=0.0, optional=True,
+    )
+}
+_QFFL_VARIANT = {
+    "qffl_variant": Setting(
+        "fedavg", "q-FedAvg or q-FedSGD (one full-batch step)", choices=("fedavg", "fedsgd")
+    )
+}
+_LAM = {
+    "lam": Setting(
+        1.0, "lambda >= 0 of the personal objective F_k(v) + lambda/2 ||v - w||^2 (0: local models only; "
+        "l2sgd: w the mean of the personal models)", low=0.0,
+    )
+}
+_PERFEDAVG_ALPHA = {
+    "perfedavg_alpha": Setting(
+        0.01, "alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML objective trains "
+        "for (for perfedavg, also what makes each client's personal model after training)",
+        low=0.0, low_open=True,
+    )
+}
+_STALENESS_WEIGHTS = {
+    "staleness_exponent": Setting(0.5, "a of the polynomial and hinge staleness weights", low=0.0),
+    "staleness_hinge": Setting(4.0, "b, the staleness the hinge weight starts after", low=0.0),
+}
+_ASYNCHRONOUS = {
+    "concurrency": Setting(
+        None, "clients training at once, at least clients_per_round, the arrivals each server step takes "
+        "(unset: 4 clients_per_round, at most the training clients)", type="int | None", low=1, optional=True,
+    ),
+    "staleness": Setting(
+        "polynomial", "weight s of an update by its staleness (Xie et al. 2019): constant 1, polynomial "
+        "(1 + s)^-a (a = 1/2: FedBuff's), hinge", choices=("constant", "polynomial", "hinge"),
+    ),
+}
+_DP_HISTOGRAM = {
+    "dp_bins": Setting(
+        32, "histogram bins b, a power of two in [2, 65536] (deltafl: with --reweighting dp)",
+        low=2, high=2**16, section="privacy",
+    ),
+    "dp_bits": Setting(
+        32, "the secure sum is modulo 2^bits, bits in [2, 32] (deltafl: with --reweighting dp)",
+        low=2, high=32, section="privacy",
+    ),
+}
+_DP_LOSS_BOUND = {
+    "dp_loss_bound": Setting(
+        3.0, "loss bound B > 0 of the DP quantile (losses clipped to [0, B]; deltafl: with --reweighting dp)",
+        low=0.0, low_open=True, section="privacy",
+    )
+}
+_DP_SCALE = {
+    "dp_scale": Setting(
+        10, "integer scaling c >= 1 of the histograms (deltafl: with --reweighting dp)",
+        low=1, section="privacy",
+    )
+}
+_DP_UPDATES = {
+    "clip_norm": Setting(1.0, "l2 norm bound C > 0 of each client's update", low=0.0, low_open=True,
+                         section="privacy"),
+    "dp_noise_multiplier": Setting(
+        None, "update noise std over its sensitivity 2C (unset: calibrated to --epsilon; set: epsilon is "
+        "only reported)", type="float | None", low=0.0, low_open=True, optional=True, section="privacy",
+    ),
+}
+# What the DP algorithms' budgets read (`DpBudget.calibrate`): the guarantee is
+# client-level (epsilon, delta)-DP for the whole run.
+_DP_BUDGET = {
+    "epsilon": Setting(
+        5.0, "target epsilon > 0 of the whole run's (epsilon, delta) client-level DP",
+        low=0.0, low_open=True, section="privacy",
+    ),
+    "delta": Setting(
+        None, "delta in (0, 1) (unset: 1/n, n the training clients)", type="float | None",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True, section="privacy",
+    ),
+    "dp_trust_model": Setting(
+        "observer", "whom --epsilon's target protects against: observer (sees the released models, not the "
+        "secret sampling: amplified) or server (samples the cohort: no amplification); both epsilons are "
+        "always reported (docs/privacy.md)", choices=("observer", "server"), section="privacy",
+    ),
+}
 
 
 def _qfedsgd(options: Mapping[str, Any]) -> bool:
@@ -216,7 +335,7 @@ SPECS: dict[str, AlgorithmSpec] = {
     "fedavg-sub": AlgorithmSpec(
         "jaxfl.algorithms.fedavg_sub:from_engine",
         "FedAvg on a random fraction theta of each cohort (Pillutla et al. 2023, Section 7.2)",
-        hparams=("theta",),
+        hparams=_THETA,
         ditto_global=True,
     ),
     "fedsgd": AlgorithmSpec(
@@ -227,14 +346,14 @@ SPECS: dict[str, AlgorithmSpec] = {
     "fedprox": AlgorithmSpec(
         "jaxfl.algorithms.fedprox:from_engine",
         "FedProx (Li 2023, ch. 3): proximal term mu; keeps stragglers' partial work",
-        hparams=("mu",),
+        hparams=_MU,
         options=_STRAGGLERS,
         ditto_global=True,
     ),
     "qffl": AlgorithmSpec(
         "jaxfl.algorithms.qffl:from_engine",
         "q-FFL (Li 2023, ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
-        hparams=("q",),
+        hparams=_Q,
         options=_QFFL_VARIANT,
         full_batch=_qfedsgd,
         ditto_global=True,
@@ -242,87 +361,163 @@ SPECS: dict[str, AlgorithmSpec] = {
     "afl": AlgorithmSpec(
         "jaxfl.algorithms.afl:from_engine",
         "AFL (Mohri et al. 2019): minimax over client mixture weights lambda",
-        hparams=("afl_lambda_lr",),
+        hparams={
+            "afl_lambda_lr": Setting(
+                0.01, "step size gamma_lambda > 0 of the ascent on the mixture weights",
+                low=0.0, low_open=True,
+            )
+        },
         ditto_global=True,
     ),
     "afl-qffl": AlgorithmSpec(
         "jaxfl.algorithms.qffl:afl_from_engine",
         "AFL as q-FFL with large q (q = 10; Pillutla et al. 2023, Section 7.2, Appendix C.2)",
-        hparams=("q",),
+        hparams=_Q,
         options=_QFFL_VARIANT,
         full_batch=_qfedsgd,
     ),
     "term": AlgorithmSpec(
         "jaxfl.algorithms.term:from_engine",
         "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i)",
-        hparams=("tilt",),
+        hparams={
+            "tilt": Setting(
+                1.0, "tilt t (any real) of the client-level tilted risk; t > 0 favours clients of high loss, "
+                "t -> 0 is FedAvg"
+            )
+        },
         ditto_global=True,
     ),
     "deltafl": AlgorithmSpec(
         "jaxfl.algorithms.deltafl:from_engine",
         "Delta-FL (Pillutla et al. 2023; Laguel et al. 2020): superquantile of client losses, "
         "tail fraction theta",
-        hparams=("theta", "threshold_period", "smoothing", "dp_loss_bound", "dp_sigma", "dp_scale"),
-        options={"reweighting": "exact", "filtering": "server", **_DP_HISTOGRAM},
+        hparams={
+            **_THETA,
+            "threshold_period": Setting(
+                1, "with --reweighting threshold|dp: recompute the threshold every T_eta >= 1 rounds "
+                "(Laguel et al. 2020, Algorithm 1), reuse it in between", low=1,
+            ),
+            "smoothing": Setting(
+                0.1, "with --reweighting smoothed: KL smoothing nu > 0", low=0.0, low_open=True
+            ),
+            **_DP_LOSS_BOUND,
+            "dp_sigma": Setting(
+                1.0, "with --reweighting dp: discrete Gaussian noise sigma in [0, 1e6] per client (the "
+                "sampler's range)", low=0.0, section="privacy",
+            ),
+            **_DP_SCALE,
+        },
+        options={
+            "reweighting": Setting(
+                "exact", "client weights from the losses: threshold (Pillutla et al. 2023, Alg. 1), exact "
+                "(Alg. 3), dp (Alg. 1 with the DP quantile of Alg. 2), smoothed (eq. 15)",
+                choices=("threshold", "exact", "dp", "smoothed"),
+            ),
+            "filtering": Setting(
+                "server", "with --reweighting threshold|dp: the server filters clients, or clients filter "
+                "themselves on the broadcast threshold (Laguel et al. 2020, Alg. 3)",
+                choices=("server", "client"),
+            ),
+            **_DP_HISTOGRAM,
+        },
         ditto_global=True,
     ),
     "dp-fedavg": AlgorithmSpec(
         "jaxfl.algorithms.dp_fedavg:from_engine",
         "DP-FedAvg (McMahan et al. 2018): clipped updates, Gaussian noise, "
         "(epsilon, delta) client-level DP",
-        hparams=("clip_norm", "dp_noise_multiplier"),
+        hparams=_DP_UPDATES,
         privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
+        privacy_settings=_DP_BUDGET,
     ),
     "dp-deltafl": AlgorithmSpec(
         "jaxfl.algorithms.dp_deltafl:from_engine",
         "DP Delta-FL (Pillutla et al. 2023, Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",
-        hparams=("theta", "dp_loss_bound", "clip_norm", "dp_noise_multiplier", "dp_quantile_sigma"),
-        options={**_DP_HISTOGRAM, "dp_scale": 10, "dp_count": "fixed"},
+        hparams={
+            **_THETA,
+            **_DP_LOSS_BOUND,
+            **_DP_UPDATES,
+            "dp_quantile_sigma": Setting(
+                None, "discrete Gaussian sigma in [0.5, 1e6] of the quantile per client (unset: calibrated "
+                "from the noise multiplier and --dp-quantile-ratio)",
+                type="float | None", low=0.5, optional=True, section="privacy",
+            ),
+        },
+        options={
+            **_DP_HISTOGRAM,
+            **_DP_SCALE,
+            "dp_count": Setting(
+                "fixed", "the update's divisor: fixed (theta*m, public before the round: sound) or exact "
+                "(m_t, the clients that passed: the assumption of Pillutla et al. 2023, App. D, m_t released "
+                "and not accounted)", choices=("fixed", "exact"), section="privacy",
+            ),
+        },
         privacy_budget="jaxfl.privacy.budget:DP_DELTAFL_BUDGET",
+        privacy_settings={
+            **_DP_BUDGET,
+            "dp_quantile_ratio": Setting(
+                0.25, "r > 0, the quantile's per-round zCDP budget over the update's (Pillutla et al. 2023, "
+                "App. D.2)", low=0.0, low_open=True, section="privacy",
+            ),
+        },
     ),
 }
 
 # The global solvers Ditto takes, in registration order.
 DITTO_GLOBALS = tuple(name for name, spec in SPECS.items() if spec.ditto_global)
 
-_DITTO_GLOBAL_SETTINGS = tuple(
-    dict.fromkeys(setting for g in DITTO_GLOBALS for setting in (*SPECS[g].hparams, *SPECS[g].options))
-)
-_ASYNCHRONOUS = {"concurrency": None, "staleness": "polynomial"}
 SPECS["fedbuff"] = AlgorithmSpec(
     "jaxfl.algorithms.fedbuff:from_engine",
     "FedBuff (Nguyen et al. 2022): asynchronous clients on the simulated clock, a server step per K = "
     "clients-per-round staleness-weighted updates",
-    hparams=("staleness_exponent", "staleness_hinge"),
+    hparams=_STALENESS_WEIGHTS,
     options=_ASYNCHRONOUS,
+    step_arrivals=lambda clients_per_round: clients_per_round,
 )
 SPECS["fedasync"] = AlgorithmSpec(
     "jaxfl.algorithms.fedasync:from_engine",
     "FedAsync (Xie et al. 2019): asynchronous clients on the simulated clock, each arrival mixed in with "
     "weight alpha s(staleness)",
-    hparams=("async_mixing", "mu", "staleness_exponent", "staleness_hinge"),
+    hparams={
+        "async_mixing": Setting(
+            0.6, "alpha in (0, 1], the mixing weight of a fresh update", low=0.0, high=1.0, low_open=True
+        ),
+        **_MU,
+        **_STALENESS_WEIGHTS,
+    },
     options=_ASYNCHRONOUS,
+    step_arrivals=lambda clients_per_round: 1,
 )
 SPECS["ditto"] = AlgorithmSpec(
     "jaxfl.algorithms.ditto:from_engine",
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
-    hparams=("lam", *dict.fromkeys(h for g in DITTO_GLOBALS for h in SPECS[g].hparams)),
+    hparams={**_LAM, **{h: s for g in DITTO_GLOBALS for h, s in SPECS[g].hparams.items()}},
     client_rows=1,
     personal_models=True,
     options={
-        "ditto_global": "fedavg",
-        "ditto_dynamic_lam": "",
-        **{k: v for g in DITTO_GLOBALS for k, v in SPECS[g].options.items()},
+        "ditto_global": Setting(
+            "fedavg", "the global algorithm G whose model the personal models are pulled to",
+            choices=DITTO_GLOBALS,
+        ),
+        "ditto_dynamic_lam": Setting(
+            "", "dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every "
+            "personal step, each client keeping the one of least loss on its own validation examples (needs "
+            "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
+            items=Items(twin="lam", empty="off"),
+        ),
+        **{k: s for g in DITTO_GLOBALS for k, s in SPECS[g].options.items()},
     },
-    inherited=_DITTO_GLOBAL_SETTINGS,
+    inherited=tuple(
+        dict.fromkeys(setting for g in DITTO_GLOBALS for setting in (*SPECS[g].hparams, *SPECS[g].options))
+    ),
 )
 SPECS["l2sgd"] = AlgorithmSpec(
     "jaxfl.algorithms.l2sgd:from_engine",
     "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
-    hparams=("lam",),
+    hparams=_LAM,
     client_rows=1,
     personal_models=True,
     host_rows=False,  # Every round averages all N personal models.
@@ -331,8 +526,19 @@ SPECS["apfl"] = AlgorithmSpec(
     "jaxfl.algorithms.apfl:from_engine",
     "APFL (Deng et al. 2020; Li 2023, App. 5.6.2): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
-    hparams=("apfl_alpha",),
-    options={**_STRAGGLERS, "apfl_alpha_lr": 0.0},
+    hparams={
+        "apfl_alpha": Setting(
+            0.5, "alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global model; 1: "
+            "local models)", low=0.0, high=1.0,
+        )
+    },
+    options={
+        **_STRAGGLERS,
+        "apfl_alpha_lr": Setting(
+            0.0, "> 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, "
+            "starting at --apfl-alpha); 0: one fixed alpha, as Li 2023 compares it", low=0.0,
+        ),
+    },
     client_rows=2,  # The local models, and the mixtures made at evaluation.
     personal_models=True,
 )
@@ -340,7 +546,13 @@ SPECS["mapper"] = AlgorithmSpec(
     "jaxfl.algorithms.mapper:from_engine",
     "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
     "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
-    options={"mapper_candidates": "0.25,0.5,0.75"},
+    options={
+        "mapper_candidates": Setting(
+            "0.25,0.5,0.75", "the mixing weights lam in [0, 1] each sampled client tries every round, "
+            "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
+            items=Items(low=0.0, high=1.0),
+        )
+    },
     client_rows=2,  # The local models, and the mixtures made at evaluation.
     personal_models=True,
 )
@@ -348,14 +560,26 @@ SPECS["perfedavg"] = AlgorithmSpec(
     "jaxfl.algorithms.perfedavg:from_engine",
     "Per-FedAvg (HF) (Fallah et al. 2020; Li 2023, App. 5.6.2): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
-    hparams=("perfedavg_alpha", "perfedavg_delta"),
+    hparams={
+        **_PERFEDAVG_ALPHA,
+        "perfedavg_delta": Setting(
+            1e-3, "delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
+            low=0.0, low_open=True,
+        ),
+    },
     adapts_after_training=True,
 )
 SPECS["scaffold"] = AlgorithmSpec(
     "jaxfl.algorithms.scaffold:from_engine",
     "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i; "
     "c_i kept per client",
-    options={"scaffold_option": 2},
+    options={
+        "scaffold_option": Setting(
+            2, "the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the client's "
+            "full-data gradient at the server model (Option I), 2 = c_i - c + (x - y_i)/(K lr) (Option II)",
+            choices=(1, 2),
+        )
+    },
     client_rows=1,
 )
 SPECS["fednova"] = AlgorithmSpec(
@@ -367,19 +591,24 @@ SPECS["feddyn"] = AlgorithmSpec(
     "jaxfl.algorithms.feddyn:from_engine",
     "FedDyn (Acar et al. 2021): local objectives with a dynamic linear and proximal regularizer; "
     "g_k kept per client",
-    hparams=("feddyn_alpha",),
+    hparams={
+        "feddyn_alpha": Setting(
+            0.01, "alpha > 0 of the dynamic regularizer -<g_k, w> + alpha/2 ||w - w_t||^2 (Acar et al. 2021 "
+            "tune it in {0.1, 0.01, 0.001})", low=0.0, low_open=True,
+        )
+    },
     client_rows=1,
 )
 SPECS["feddane"] = AlgorithmSpec(
     "jaxfl.algorithms.feddane:from_engine",
     "FedDane (Li et al. 2019; Li 2023, Section 3.6): FedProx's local problems corrected by the "
     "cohort's mean gradient minus the client's",
-    hparams=("mu",),
+    hparams=_MU,
 )
 SPECS["qmaml"] = AlgorithmSpec(
     "jaxfl.algorithms.qmaml:from_engine",
     "q-MAML (Li 2023, Appendix 4.6.2): q-FFL's weighting of first-order MAML meta-gradients",
-    hparams=("q", "perfedavg_alpha"),
+    hparams={**_Q, **_PERFEDAVG_ALPHA},
     full_batch=_always,
 )
 
@@ -389,8 +618,16 @@ CLIENT_STATE_ALGORITHMS = {name: spec.client_rows for name, spec in SPECS.items(
 PERSONAL_MODEL_ALGORITHMS = {
     name: spec.client_rows for name, spec in SPECS.items() if spec.personal_models
 }
+# The asynchronous algorithms: always on the simulated clock.
+ASYNCHRONOUS_ALGORITHMS = tuple(name for name, spec in SPECS.items() if spec.step_arrivals is not None)
 # The differentially private algorithms, whose privacy settings the run calibrates and reports.
 PRIVATE_ALGORITHMS = tuple(name for name, spec in SPECS.items() if spec.privacy_budget is not None)
+
+
+def algorithm_factories() -> dict[str, str]:
+    """Each entry's factory by its public name -> its module (a factory shares its module's name)."""
+    modules = dict.fromkeys(spec.builder.partition(":")[0] for spec in SPECS.values())
+    return {module.rpartition(".")[2]: module for module in modules}
 
 
 def algorithm_names() -> list[str]:
@@ -407,20 +644,27 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
     return SPECS[name]
 
 
+def algorithm_settings() -> dict[str, Setting]:
+    """Every setting the entries declare, in registration order; ValueError where two differ on one."""
+    declared: dict[str, Setting] = {}
+    for name, spec in SPECS.items():
+        for setting, declaration in spec.settings.items():
+            if declared.setdefault(setting, declaration) != declaration:
+                raise ValueError(f"{name} declares {setting} unlike the entries before it")
+    return declared
+
+
 def option_default(setting: str) -> Any:
-    """The default of static option `setting`, the same in every entry that declares it."""
-    defaults = [spec.options[setting] for spec in SPECS.values() if setting in spec.options]
-    if not defaults or any(default != defaults[0] for default in defaults):
-        raise ValueError(f"{setting} is declared by no entry, or with several defaults: {defaults}")
-    return defaults[0]
+    """The default of static option `setting` (the same in every entry that declares it)."""
+    if setting not in algorithm_settings():
+        raise ValueError(f"{setting} is declared by no entry")
+    return algorithm_settings()[setting].default
 
 
 def setting_users(setting: str) -> list[str]:
-    """The entries that declare `setting` as a hyperparameter or an option of their own, in order."""
+    """The entries that declare `setting` as a setting of their own (not inherited), in order."""
     return [
-        name
-        for name, spec in SPECS.items()
-        if (setting in spec.hparams or setting in spec.options) and setting not in spec.inherited
+        name for name, spec in SPECS.items() if setting in spec.settings and setting not in spec.inherited
     ]
 
 
@@ -453,7 +697,7 @@ def build_algorithm(
             f"{name} has no option {', '.join(unknown)}; its options: "
             f"{', '.join(spec.options) or 'none'}"
         )
-    return spec.build(engine, {**spec.options, **options})
+    return spec.build(engine, {**spec.option_defaults, **options})
 
 
 def hparam_fields(name: str, algorithm: FederatedAlgorithm) -> tuple[str, ...]:

@@ -1,9 +1,12 @@
 """The configuration of a run: every field, its default, its allowed range.
 
 One table (`RunConfig`'s field metadata) drives the command-line flags, the
-config-file keys and the validation, so the three never disagree. Errors are
-`ConfigError`s whose message is one line naming the field and what is
-allowed; the CLI prints it and exits with status 2.
+config-file keys and the validation, so the three never disagree. The
+run-level fields are declared here; each algorithm's own settings are
+declared once in its registry entry (`jaxfl.algorithms.registry`) and join
+`RunConfig` from there. Errors are `ConfigError`s whose message is one line
+naming the field and what is allowed; the CLI prints it and exits with
+status 2.
 
 References:
   [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
@@ -24,15 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from jaxfl.algorithms.registry import (
-    DITTO_GLOBALS,
+    CLIENT_STATE_ALGORITHMS,
     PRIVATE_ALGORITHMS,
     SPECS,
-    option_default,
+    algorithm_settings,
     setting_users,
 )
 from jaxfl.algorithms.registry import (
     full_batch_only as _registry_full_batch_only,
 )
+from jaxfl.settings import Items, Setting
 
 # The registries' names (checked against them in tests/experiment/test_config.py);
 # kept here so that reading a config imports no model or preset code.
@@ -60,51 +64,14 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message is one line for users."""
 
 
-def _field(default, help, *, low=None, high=None, low_open=False, high_open=False,
-           choices=None, optional=False, flag=True, items=None, default_text=None):
-    if isinstance(default, dict):
-        default_kwargs = dict(default_factory=lambda: dict(default))
-    else:
-        default_kwargs = dict(default=default)
-    return dataclasses.field(
-        **default_kwargs,
-        metadata=dict(
-            help=help, low=low, high=high, low_open=low_open, high_open=high_open,
-            choices=choices, optional=optional, flag=flag, items=items,
-            # What --help says the default is, where the field's value is not it (a dataset's own).
-            default_text=default_text,
-        ),
-    )
+def _field(default, help, **declaration) -> dataclasses.Field:
+    """A run-level field (`jaxfl.settings.Setting`)."""
+    return Setting(default, help, **declaration).field()
 
 
 @dataclasses.dataclass(frozen=True)
-class Items:
-    """The elements of a list-valued setting (a comma-separated string of numbers).
-
-    Each is checked as setting `twin` is (or against `low`/`high`); none
-    twice; at most `max_count` (every sampled client tries each one in every
-    round, so the round's cost grows with their number); '' (none) is allowed
-    only where `empty` says what it means.
-    """
-
-    twin: str | None = None
-    low: float | None = None
-    high: float | None = None
-    max_count: int = 32
-    empty: str | None = None
-
-
-def _option(name, help, **kwargs):
-    """A static algorithm option: its default, and the algorithms named in its help, from the registry."""
-    return _field(option_default(name), f"{', '.join(setting_users(name))}: {help}", **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines a run. Field names are the config-file keys;
-    flags are the same names with dashes (`clients_per_round` ->
-    `--clients-per-round`).
-    """
+class _RunLevelSettings:
+    """`RunConfig`'s own fields (the algorithms' join them in `_run_config_class`)."""
 
     task: str | None = _field(
         None,
@@ -184,132 +151,17 @@ class RunConfig:
     client_weighting: str = _field(
         "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
     )
-    # Algorithm settings (jaxfl.algorithms.registry says which algorithm
-    # takes which; the numeric ones become state.hparams of the same name).
-    theta: float = _field(
-        0.5,
-        "deltafl, dp-deltafl: tail fraction theta in (0, 1] of the superquantile (1: "
-        "FedAvg); fedavg-sub: fraction of each cohort that trains",
-        low=0.0, high=1.0, low_open=True,
-    )
-    mu: float = _field(0.01, "fedprox, feddane, fedasync (its rho): proximal weight mu >= 0", low=0.0)
-    concurrency: int | None = _option(
-        "concurrency", "clients training at once, at least clients_per_round, the arrivals each server step "
-        "takes (unset: 4 clients_per_round, at most the training clients)", low=1, optional=True,
-    )
-    staleness: str = _option(
-        "staleness", "weight s of an update by its staleness (Xie et al. 2019): constant 1, polynomial "
-        "(1 + s)^-a (a = 1/2: FedBuff's), hinge", choices=("constant", "polynomial", "hinge"),
-    )
-    staleness_exponent: float = _field(
-        0.5, "fedbuff, fedasync: a of the polynomial and hinge staleness weights", low=0.0
-    )
-    staleness_hinge: float = _field(
-        4.0, "fedbuff, fedasync: b, the staleness the hinge weight starts after", low=0.0
-    )
-    async_mixing: float = _field(
-        0.6, "fedasync: alpha in (0, 1], the mixing weight of a fresh update",
-        low=0.0, high=1.0, low_open=True,
-    )
-    feddyn_alpha: float = _field(
-        0.01, "feddyn: alpha > 0 of the dynamic regularizer -<g_k, w> + alpha/2 ||w - w_t||^2 (Acar et al. "
-        "2021 tune it in {0.1, 0.01, 0.001})", low=0.0, low_open=True,
-    )
-    q: float | None = _field(
-        None,
-        "qffl, afl-qffl, qmaml: q >= 0 of q-FFL, 0: FedAvg (unset: 1 for qffl and qmaml, 10 "
-        "for afl-qffl)",
-        low=0.0, optional=True,
-    )
-    tilt: float = _field(
-        1.0, "term: tilt t (any real) of the client-level tilted risk; t > 0 "
-        "favours clients of high loss, t -> 0 is FedAvg"
-    )
-    reweighting: str = _option(
-        "reweighting",
-        "client weights from the losses: threshold (Pillutla et al. 2023, Alg. 1), exact "
-        "(Alg. 3), dp (Alg. 1 with the DP quantile of Alg. 2), smoothed (eq. 15)",
-        choices=("threshold", "exact", "dp", "smoothed"),
-    )
-    smoothing: float = _field(
-        0.1, "deltafl --reweighting smoothed: KL smoothing nu > 0",
-        low=0.0, low_open=True,
-    )
-    threshold_period: int = _field(
-        1, "deltafl --reweighting threshold|dp: recompute the threshold every "
-        "T_eta >= 1 rounds (Laguel et al. 2020, Algorithm 1), reuse it in between", low=1,
-    )
-    filtering: str = _option(
-        "filtering",
-        "with --reweighting threshold|dp: the server filters clients, or "
-        "clients filter themselves on the broadcast threshold (Laguel et al. 2020, Alg. 3)",
-        choices=("server", "client"),
-    )
-    stragglers: float = _option(
-        "stragglers",
-        "fraction in [0, 1) of each cohort that straggles (runs 1 to local_epochs - 1 epochs; needs "
-        "local_epochs >= 2 where their work is kept); fedavg drops them (as apfl's and ditto's fedavg do), "
-        "fedprox and fednova keep their work",
-        low=0.0, high=1.0, high_open=True,
-    )
-    scaffold_option: int = _option(
-        "scaffold_option", "the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the "
-        "client's full-data gradient at the server model (Option I), 2 = c_i - c + (x - y_i)/(K lr) "
-        "(Option II)", choices=(1, 2),
-    )
-    qffl_variant: str = _option(
-        "qffl_variant", "q-FedAvg or q-FedSGD (one full-batch step)",
-        choices=("fedavg", "fedsgd"),
-    )
-    lam: float = _field(
-        1.0,
-        "ditto: lambda >= 0 of the personal objective F_k(v) + lambda/2 ||v - w||^2 "
-        "(0: local models only); l2sgd: the same with w the mean of the personal models",
-        low=0.0,
-    )
+    # Personalization: where per-client state lives, the baselines after training, the clients' own splits.
     client_state: str = _field(
-        "auto", "where per-client state (the personal models of ditto, apfl, mapper, l2sgd; scaffold's "
-        "control variates) lives: replicated on each "
-        "device, split over the devices of a sharded strategy (each holding N/D), or in host memory with "
-        "the cohort's moved to the device each round (host; not l2sgd, not sweeps); auto: replicated, split "
+        "auto", "where per-client state (personal models, control variates: "
+        f"{', '.join(CLIENT_STATE_ALGORITHMS)}) lives: replicated on each device, split over the devices "
+        "of a sharded strategy (each holding N/D), or in host memory with the cohort's moved to the device "
+        "each round (host; not "
+        f"{', '.join(name for name, spec in SPECS.items() if spec.client_rows and not spec.host_rows)}, not "
+        "sweeps); auto: replicated, split "
         "when the replicated copies would take over a quarter of the memory, host when on an accelerator "
         "even the split ones would (docs/personalization.md)",
         choices=("auto", "split", "replicated", "host"),
-    )
-    ditto_dynamic_lam: str = _option(
-        "ditto_dynamic_lam",
-        "dynamic lambda (Li 2023, Appendix 5.7.2), candidates such as 0.1,1,2 tried at every personal step,"
-        " each client keeping the one of least loss on its own validation examples (needs "
-        "--client-validation-split); clients with fewer than 4 use --lam ('': off)",
-        items=Items(twin="lam", empty="off"),
-    )
-    apfl_alpha: float = _field(
-        0.5, "apfl: alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global "
-        "model; 1: local models)", low=0.0, high=1.0,
-    )
-    apfl_alpha_lr: float = _option(
-        "apfl_alpha_lr",
-        "> 0 adapts each client's own alpha_k by SGD with this step size (APFL's adaptive alpha, starting "
-        "at --apfl-alpha); 0: one fixed alpha, as Li 2023 compares it", low=0.0,
-    )
-    mapper_candidates: str = _option(
-        "mapper_candidates", "the mixing weights lam in [0, 1] each sampled client tries every round, "
-        "keeping the one whose personal model lam u_k + (1 - lam) w has the least training loss",
-        items=Items(low=0.0, high=1.0),
-    )
-    perfedavg_alpha: float = _field(
-        0.01, "perfedavg, qmaml: alpha > 0, the step of the adaptation w - alpha grad F_k(w) the MAML "
-        "objective trains for (for perfedavg, also what makes each client's personal model after training)",
-        low=0.0, low_open=True,
-    )
-    perfedavg_delta: float = _field(
-        1e-3, "perfedavg: delta > 0 of the finite-difference Hessian-vector product (the HF variant)",
-        low=0.0, low_open=True,
-    )
-    ditto_global: str = _option(
-        "ditto_global",
-        "the global algorithm G whose model the personal models are pulled to",
-        choices=DITTO_GLOBALS,
     )
     finetune_epochs: int = _field(
         0, "personalization baseline: after training, each training client fine-tunes the global "
@@ -338,10 +190,6 @@ class RunConfig:
         "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
         "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
-    )
-    afl_lambda_lr: float = _field(
-        0.01, "afl: step size gamma_lambda > 0 of the ascent on the mixture weights",
-        low=0.0, low_open=True,
     )
     # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
     aggregator: str = _field(
@@ -447,83 +295,6 @@ class RunConfig:
         "seconds the server waits for reports (unset: until every selected client has reported or dropped)",
         low=0.0, low_open=True, optional=True,
     )
-    dp_bins: int = _option(
-        "dp_bins",
-        "histogram bins b, a power of two in [2, 65536] (deltafl: with --reweighting dp)",
-        low=2, high=2**16,
-    )
-    dp_loss_bound: float = _field(
-        3.0,
-        "deltafl --reweighting dp, dp-deltafl: loss bound B > 0 (losses clipped "
-        "to [0, B])",
-        low=0.0, low_open=True,
-    )
-    dp_sigma: float = _field(
-        1.0, "deltafl --reweighting dp: discrete Gaussian noise sigma in [0, 1e6] per client "
-        "(the sampler's range)",
-        low=0.0,
-    )
-    dp_scale: int = _option(
-        "dp_scale",
-        "integer scaling c >= 1 of the histograms (deltafl: with --reweighting dp)",
-        low=1,
-    )
-    dp_bits: int = _option(
-        "dp_bits",
-        "the secure sum is modulo 2^bits, bits in [2, 32] (deltafl: with --reweighting dp)",
-        low=2, high=32,
-    )
-    # Differential privacy (dp-fedavg, dp-deltafl; jaxfl.privacy). The
-    # guarantee is client-level (epsilon, delta)-DP for the whole run.
-    epsilon: float = _field(
-        5.0,
-        "dp-fedavg, dp-deltafl: target epsilon > 0 of the whole run's "
-        "(epsilon, delta) client-level DP",
-        low=0.0, low_open=True,
-    )
-    delta: float | None = _field(
-        None,
-        "dp-fedavg, dp-deltafl: delta in (0, 1) (unset: 1/n, n the training "
-        "clients)",
-        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
-    )
-    clip_norm: float = _field(
-        1.0,
-        "dp-fedavg, dp-deltafl: l2 norm bound C > 0 of each client's update",
-        low=0.0, low_open=True,
-    )
-    dp_quantile_ratio: float = _field(
-        0.25,
-        "dp-deltafl: r > 0, the quantile's per-round zCDP budget over the "
-        "update's (Pillutla et al. 2023, App. D.2)",
-        low=0.0, low_open=True,
-    )
-    dp_noise_multiplier: float | None = _field(
-        None,
-        "dp-fedavg, dp-deltafl: update noise std over its sensitivity 2C "
-        "(unset: calibrated to --epsilon; set: epsilon is only reported)",
-        low=0.0, low_open=True, optional=True,
-    )
-    dp_count: str = _option(
-        "dp_count",
-        "the update's divisor: fixed (theta*m, public before the round: sound) or exact (m_t, "
-        "the clients that passed: the assumption of Pillutla et al. 2023, App. D, m_t released and not "
-        "accounted)",
-        choices=("fixed", "exact"),
-    )
-    dp_trust_model: str = _field(
-        "observer",
-        "dp-fedavg, dp-deltafl: whom --epsilon's target protects against: observer (sees the released "
-        "models, not the secret sampling: amplified) or server (samples the cohort: no amplification); "
-        "both epsilons are always reported (docs/privacy.md)",
-        choices=("observer", "server"),
-    )
-    dp_quantile_sigma: float | None = _field(
-        None,
-        "dp-deltafl: discrete Gaussian sigma in [0.5, 1e6] of the quantile per client "
-        "(unset: calibrated from the noise multiplier and --dp-quantile-ratio)",
-        low=0.5, optional=True,
-    )
     strategy: str = _field(
         "auto",
         "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
@@ -575,45 +346,80 @@ class RunConfig:
     keep_checkpoints: int = _field(2, "checkpoints kept in --out while the run goes on", low=1, high=100)
     progress: bool = _field(True, "show a progress bar")
 
+class _RunConfigMethods:
     @property
     def algorithms(self) -> list[str]:
+        """The names of `algorithm`, in order."""
         return [name.strip() for name in self.algorithm.split(",") if name.strip()]
 
     def to_dict(self) -> dict[str, Any]:
+        """Field -> value, as config files and config.json hold them."""
         out = dataclasses.asdict(self)
         out["dataset_options"] = dict(self.dataset_options)
         out["hidden_sizes"] = list(self.hidden_sizes)
         return out
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
-
-# The sections of the settings, in the order of RunConfig's fields: each runs from its first field
-# to the next one's (`jaxfl run --help` groups its flags so).
+# The sections of the settings (`jaxfl run --help` groups its flags so): each
+# run-level section runs from its first field to the next one's; the
+# algorithms' settings join the section their declaration names.
 SECTIONS = (
     ("what runs", "task"),
     ("model", "model"),
     ("training", "rounds"),
-    ("algorithm settings (each says which algorithms read it)", "theta"),
+    ("algorithm settings (each says which algorithms read it)", None),
+    ("personalization", "client_state"),
     ("robust aggregation and attacks", "aggregator"),
     ("compressed updates", "compression"),
     ("simulated clock", "availability"),
-    ("differential privacy", "dp_bins"),
+    ("differential privacy", None),
     ("execution", "strategy"),
     ("evaluation", "eval_every"),
     ("seed, output and checkpoints", "seed"),
 )
+_ALGORITHM_SECTIONS = {
+    "algorithm": "algorithm settings (each says which algorithms read it)",
+    "privacy": "differential privacy",
+}
 
+
+_RUN_LEVEL = {field.name for field in dataclasses.fields(_RunLevelSettings)}
+
+
+def _sections() -> dict[str, list[tuple[str, str, dataclasses.Field]]]:
+    """Section title -> its fields as (name, type, field), run-level ones first."""
+    starts = {first: title for title, first in SECTIONS if first is not None}
+    sections: dict[str, list] = {title: [] for title, _ in SECTIONS}
+    title = None
+    for field in dataclasses.fields(_RunLevelSettings):
+        title = starts.get(field.name, title)
+        sections[title].append((field.name, field.type, field))
+    for name, setting in algorithm_settings().items():
+        help_text = f"{', '.join(setting_users(name))}: {setting.help}"
+        sections[_ALGORITHM_SECTIONS[setting.section]].append(
+            (name, setting.annotation, setting.field(help=help_text))
+        )
+    return sections
+
+
+_SECTIONS = _sections()
+# The run-level fields first (as declared), then the algorithms' (in registration order).
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig",
+    [entry for fields in _SECTIONS.values() for entry in fields if entry[0] not in _RUN_LEVEL],
+    bases=(_RunLevelSettings, _RunConfigMethods),
+    frozen=True,
+)
+RunConfig.__module__ = __name__
+RunConfig.__doc__ = """Everything that defines a run. Field names are the config-file keys;
+flags are the same names with dashes (`clients_per_round` -> `--clients-per-round`).
+"""
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 def section_fields() -> dict[str, list[str]]:
     """Section title -> its fields, in order (`SECTIONS`)."""
-    starts = {first: title for title, first in SECTIONS}
-    sections: dict[str, list[str]] = {}
-    title = None
-    for name in FIELDS:
-        title = starts.get(name, title)
-        sections.setdefault(title, []).append(name)
-    return sections
+    return {title: [name for name, _, _ in fields] for title, fields in _SECTIONS.items()}
 
 
 # Every integer setting is an int32 in the compiled round or a host-side

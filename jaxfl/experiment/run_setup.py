@@ -18,6 +18,7 @@ from jaxfl.algorithms.base import (
     server_optimizer,
 )
 from jaxfl.algorithms.registry import (
+    ASYNCHRONOUS_ALGORITHMS,
     CLIENT_STATE_ALGORITHMS,
     PERSONAL_MODEL_ALGORITHMS,
     SPECS,
@@ -63,15 +64,13 @@ class Setup:
     traffic: dict[str, Traffic | None] = dataclasses.field(default_factory=dict)
 
 
-# Algorithms whose rounds are server steps of asynchronous clients: always on the clock.
-ASYNCHRONOUS_ALGORITHMS = ("fedbuff", "fedasync")
 def asynchronous_warmup(config: RunConfig, name: str, num_clients: int) -> int:
     """The first server steps of an asynchronous algorithm that only start clients (0 for the others)."""
     if name not in ASYNCHRONOUS_ALGORITHMS:
         return 0
     from jaxfl.algorithms.fedbuff import concurrency
 
-    arrivals = 1 if name == "fedasync" else config.clients_per_round
+    arrivals = algorithm_spec(name).step_arrivals(config.clients_per_round)
     return concurrency({"concurrency": config.concurrency}, config.clients_per_round, num_clients) // arrivals
 
 
@@ -220,16 +219,11 @@ def ignored_settings(
     algorithms shares one configuration); `setup` prints a warning for each.
     """
     defaults = RunConfig()
-    settings = sorted(
-        {f for spec in SPECS.values() for f in (*spec.hparams, *spec.options)}
-        | {f for spec in SPECS.values() if spec.privacy for f in spec.privacy.settings}
-    )
+    settings = sorted({f for spec in SPECS.values() for f in spec.settings})
     used = set()
     for name, algorithm in algorithms.items():
         spec = algorithm_spec(name)
-        used.update(hparam_fields(name, algorithm), spec.options)
-        if spec.privacy is not None:
-            used.update(spec.privacy.settings)
+        used.update(hparam_fields(name, algorithm), spec.options, spec.privacy_settings)
     used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if config.server_optimizer in users)
     # Fine-tuning serves the algorithms without personal models of their own; the
     # client-state layout, those with per-client state.

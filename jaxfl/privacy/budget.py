@@ -121,14 +121,6 @@ class DpBudget:
 
     with_quantile: bool = False
 
-    @property
-    def settings(self) -> tuple[str, ...]:
-        """The run settings read here beyond the algorithm's hyperparameters."""
-        names = ("epsilon", "delta", "dp_trust_model")
-        if self.with_quantile:
-            names += ("dp_quantile_ratio", "dp_count")
-        return names
-
     def _delta(self, settings: Any, sampling: Sampling) -> float:
         delta = settings.delta
         if delta is None:

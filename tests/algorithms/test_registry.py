@@ -69,7 +69,7 @@ def test_the_published_cli_names_stay_registered():
 @pytest.mark.parametrize("name", list(SPECS))
 def test_declared_settings_are_run_settings_with_the_same_defaults(name):
     spec = SPECS[name]
-    for option, default in spec.options.items():
+    for option, default in spec.option_defaults.items():
         assert option in FIELDS and getattr(DEFAULTS, option) == default, option
     # Every option of every reweighting etc.: build with each choice.
     algorithm = build_algorithm(name, ENGINE)
@@ -193,3 +193,22 @@ def test_ditto_takes_exactly_the_declared_global_solvers():
             with pytest.raises(ValueError, match="ditto_global must be one of"):
                 build_algorithm("ditto", engine, {"ditto_global": name})
 
+
+
+def test_a_setting_is_declared_once_and_its_field_derived_from_the_declaration(monkeypatch):
+    from jaxfl.algorithms import registry
+    from jaxfl.settings import Setting
+
+    # Every declared setting is a RunConfig field with the declared default, help and range.
+    for name, setting in registry.algorithm_settings().items():
+        meta = FIELDS[name].metadata
+        assert getattr(DEFAULTS, name) == setting.default, name
+        assert meta["help"] == f"{', '.join(registry.setting_users(name))}: {setting.help}"
+        assert (meta["low"], meta["high"], meta["choices"]) == (setting.low, setting.high, setting.choices)
+    # Two entries that declare one setting differently are refused.
+    monkeypatch.setattr(registry, "SPECS", dict(registry.SPECS))
+    registry.SPECS["other"] = registry.AlgorithmSpec(
+        "jaxfl.algorithms.fedavg:from_engine", "x", hparams={"theta": Setting(0.7, "another theta")}
+    )
+    with pytest.raises(ValueError, match="other declares theta unlike the entries before it"):
+        registry.algorithm_settings()
