@@ -6,6 +6,7 @@ import importlib
 import inspect
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from reference import imported_script
@@ -54,25 +55,29 @@ def test_the_api_reference_builds(tmp_path):
 
 def test_the_write_your_own_algorithm_page_runs(capsys, monkeypatch):
     # Its Python blocks, in order, in one namespace: the FedNova built there trains, and its
-    # registry entry (made in a copy of the registry) declares its setting.
+    # registry entry (made in a copy of the registry) declares its setting and builds it.
     from jaxfl.algorithms import registry
 
     monkeypatch.setattr(registry, "SPECS", dict(registry.SPECS))
     page = (ROOT / "docs" / "write-an-algorithm.md").read_text()
     blocks = [block.split("```", 1)[0] for block in page.split("```python\n")[1:]]
-    assert len(blocks) == 4
+    assert len(blocks) == 3
     namespace = {}
     for block in blocks:
         exec(compile(block, "write-an-algorithm.md", "exec"), namespace)
-    assert registry.setting_users("my_decay") == ["my-fednova"]
-    assert registry.algorithm_settings()["my_decay"].default == 0.5
     out = capsys.readouterr().out
     assert out.startswith("round 5: train loss ") and "tau_eff" in out
-    # Its registry builder makes the same algorithm from a run's shared pieces.
+    assert registry.setting_users("my_decay") == ["my-fednova"]
+    assert registry.algorithm_settings()["my_decay"].default == 0.5
+    # The entry's factory, found where it says, is built from a run's shared pieces.
+    module = types.ModuleType("my_package.my_fednova")
+    module.my_fednova = namespace["my_fednova"]
+    monkeypatch.setitem(sys.modules, "my_package", types.ModuleType("my_package"))
+    monkeypatch.setitem(sys.modules, "my_package.my_fednova", module)
     jaxfl, task = namespace["jaxfl"], namespace["task"]
     engine = jaxfl.Engine(
         task, jaxfl.LocalTraining(batch_size=10), 10, jaxfl.ClientStrategy("vmap"),
         jaxfl.server_optimizer("sgd"), "num_examples",
     )
-    assert namespace["from_engine"](engine, {}).name == "my-fednova"
+    assert registry.build_algorithm("my-fednova", engine).name == "my-fednova"
     assert len(blocks[0].strip().splitlines()) <= 32

@@ -83,15 +83,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.registry import Engine
 from jaxfl.primitives import (
     dp_quantile,
     smoothed_superquantile_weights,
@@ -305,12 +303,3 @@ def initial_threshold(params) -> dict:
     """No threshold yet (NaN): the first round computes one."""
     del params  # Unused.
     return {"threshold": jnp.full((), jnp.nan, jnp.float32)}
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """Delta-FL as the registry builds it for a run."""
-    return deltafl(
-        engine.task, engine.local, engine.clients_per_round, reweighting=options["reweighting"],
-        filtering=options["filtering"], dp_bins=options["dp_bins"], dp_bits=options["dp_bits"],
-        **engine.round_options(),
-    )

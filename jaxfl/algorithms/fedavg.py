@@ -28,8 +28,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +41,6 @@ from jaxfl.algorithms.plans import (
     num_stragglers,
     random_subset_mask,
 )
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
@@ -122,12 +120,4 @@ def fedavg(
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(),
         **options,
-    )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedAvg as the registry builds it for a run."""
-    return fedavg(
-        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"],
-        **engine.round_options(),
     )

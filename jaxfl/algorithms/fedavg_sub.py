@@ -19,15 +19,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.plans import random_subset_mask
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
@@ -72,9 +70,3 @@ def fedavg_sub(
         aggregate=stages.AggregateStage(),
         **options,
     )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedAvg-Sub as the registry builds it for a run."""
-    del options  # None.
-    return fedavg_sub(engine.task, engine.local, engine.clients_per_round, **engine.round_options())

@@ -33,14 +33,12 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortData, cohort_gradients, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params
@@ -76,9 +74,3 @@ def feddane(
 
 
 __all__ = ["feddane"]
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedDane as the registry builds it for a run."""
-    del options  # None.
-    return feddane(engine.task, engine.local, engine.clients_per_round, **engine.round_options())

@@ -29,8 +29,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,6 @@ import jax.numpy as jnp
 from jaxfl.aggregators.base import per_client
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortData, CohortResults, weighted_mean
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key, Params
@@ -98,13 +96,4 @@ def feddyn(
         aggregate=stages.AggregateStage(aggregate=aggregate, init=stages.zeros_row),
         num_clients=num_clients,
         **options,
-    )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedDyn as the registry builds it for a run."""
-    del options  # None.
-    return feddyn(
-        engine.task, engine.local, engine.clients_per_round, engine.training_clients("feddyn"),
-        **engine.round_options(),
     )

@@ -25,8 +25,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +33,6 @@ import jax.numpy as jnp
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -95,12 +93,4 @@ def fednova(
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(aggregate=normalized_averaging),
         **options,
-    )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedNova as the registry builds it for a run."""
-    return fednova(
-        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"],
-        **engine.round_options(),
     )

@@ -25,13 +25,11 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.fedavg import straggler_plan
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.local import LocalTraining, Task
 
 
@@ -73,12 +71,4 @@ def fedprox(
         client_update=stages.ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
         aggregate=stages.AggregateStage(),
         **options,
-    )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedProx as the registry builds it for a run."""
-    return fedprox(
-        engine.task, engine.local, engine.clients_per_round, stragglers=options["stragglers"],
-        **engine.round_options(),
     )

@@ -21,12 +21,10 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.registry import Engine
 from jaxfl.data.population import ClientPopulation
 from jaxfl.training.local import LocalTraining, Task
 
@@ -61,9 +59,3 @@ def fedsgd(
         aggregate=stages.AggregateStage(),
         **options,
     )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """FedSGD as the registry builds it for a run."""
-    del options  # None.
-    return fedsgd(engine.task, engine.clients_per_round, **engine.round_options())

@@ -34,7 +34,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +43,6 @@ from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.fedsgd import full_batch_step
 from jaxfl.algorithms.qffl import qffl_update
-from jaxfl.algorithms.registry import Engine
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalHParams, LocalStep, Task, minibatch_loss, sgd_update
 from jaxfl.types import Key, Params
@@ -93,9 +92,3 @@ def qmaml(
         aggregate=stages.AggregateStage(aggregate=aggregate),
         **options,
     )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """q-MAML as the registry builds it for a run."""
-    del options  # None.
-    return qmaml(engine.task, engine.clients_per_round, **engine.round_options())

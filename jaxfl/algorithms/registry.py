@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,10 @@ def _always(options: Mapping[str, Any]) -> bool:
     return True
 
 
+# What `AlgorithmSpec.build` passes a factory by parameter name.
+_ENGINE_PIECES = ("task", "local", "clients_per_round")
+
+
 def _resolve(path: str) -> Any:
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
@@ -143,9 +148,12 @@ class AlgorithmSpec:
     """A registry entry.
 
     Attributes:
-      builder: 'module:function' of its `(engine, options) ->
-        FederatedAlgorithm`, called with every name of `options`, defaults
-        filled in (`build`).
+      factory: 'module:function' of its public factory (`jaxfl.fedavg`,
+        ...). Unless `builder` is given, `build` calls it with what its
+        signature names of the run's shared pieces (task, local,
+        clients_per_round, num_clients, the `RoundOptions` it names, all of
+        them when it takes `**options`) and with the entry's options under
+        their own names (an entry building it for another passes more).
       description: one line for `jaxfl list`.
       hparams: run settings that are numeric hyperparameters of the
         algorithm (beyond the local ones), in `state.hparams` under the same
@@ -178,12 +186,15 @@ class AlgorithmSpec:
       adapts_after_training: whether it makes every training client's
         personal model from the global one after training (N model-sized
         rows at evaluation, without per-client state during training).
+      builder: 'module:function' of an `(engine, options) ->
+        FederatedAlgorithm` for a build the factory's signature does not
+        say (an inner algorithm, options parsed or renamed), or None.
       step_arrivals: for an asynchronous algorithm (its rounds are server
         steps of clients on the simulated clock), `clients_per_round -> the
         arrivals each server step takes`; None for a synchronous one.
     """
 
-    builder: str
+    factory: str
     description: str
     hparams: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
     options: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
@@ -196,6 +207,7 @@ class AlgorithmSpec:
     inherited: tuple[str, ...] = ()
     host_rows: bool = True
     adapts_after_training: bool = False
+    builder: str | None = None
     step_arrivals: Callable[[int], int] | None = None
 
     @property
@@ -209,8 +221,19 @@ class AlgorithmSpec:
         return {**self.hparams, **self.options, **self.privacy_settings}
 
     def build(self, engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-        """The algorithm, from `builder` (its module imported now)."""
-        return _resolve(self.builder)(engine, options)
+        """The algorithm, from `builder` or `factory` (its module imported now)."""
+        if self.builder is not None:
+            return _resolve(self.builder)(engine, options)
+        factory = _resolve(self.factory)
+        parameters = inspect.signature(factory).parameters
+        arguments = {name: getattr(engine, name) for name in _ENGINE_PIECES if name in parameters}
+        if "num_clients" in parameters:
+            arguments["num_clients"] = engine.training_clients(self.factory)
+        takes_all = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+        arguments.update(
+            {name: value for name, value in engine.round_options().items() if takes_all or name in parameters}
+        )
+        return factory(**arguments, **{name: options[name] for name in self.options})
 
     @property
     def privacy(self) -> DpBudget | None:
@@ -327,40 +350,42 @@ def _qfedsgd(options: Mapping[str, Any]) -> bool:
 
 SPECS: dict[str, AlgorithmSpec] = {
     "fedavg": AlgorithmSpec(
-        "jaxfl.algorithms.fedavg:from_engine",
+        "jaxfl.algorithms.fedavg:fedavg",
         "FedAvg (McMahan et al. 2017): average of local SGD updates; drops stragglers",
         options=_STRAGGLERS,
         ditto_global=True,
     ),
     "fedavg-sub": AlgorithmSpec(
-        "jaxfl.algorithms.fedavg_sub:from_engine",
+        "jaxfl.algorithms.fedavg_sub:fedavg_sub",
         "FedAvg on a random fraction theta of each cohort (Pillutla et al. 2023, Section 7.2)",
         hparams=_THETA,
         ditto_global=True,
     ),
     "fedsgd": AlgorithmSpec(
-        "jaxfl.algorithms.fedsgd:from_engine",
+        "jaxfl.algorithms.fedsgd:fedsgd",
         "FedSGD: one full-batch gradient per client, averaged, one server step",
         full_batch=_always,
     ),
     "fedprox": AlgorithmSpec(
-        "jaxfl.algorithms.fedprox:from_engine",
+        "jaxfl.algorithms.fedprox:fedprox",
         "FedProx (Li 2023, ch. 3): proximal term mu; keeps stragglers' partial work",
         hparams=_MU,
         options=_STRAGGLERS,
         ditto_global=True,
     ),
     "qffl": AlgorithmSpec(
-        "jaxfl.algorithms.qffl:from_engine",
+        "jaxfl.algorithms.qffl:qffl",
         "q-FFL (Li 2023, ch. 4) by q-FedAvg or q-FedSGD: losses raised to q + 1",
+        builder="jaxfl.algorithms.qffl:from_engine",
         hparams=_Q,
         options=_QFFL_VARIANT,
         full_batch=_qfedsgd,
         ditto_global=True,
     ),
     "afl": AlgorithmSpec(
-        "jaxfl.algorithms.afl:from_engine",
+        "jaxfl.algorithms.afl:afl",
         "AFL (Mohri et al. 2019): minimax over client mixture weights lambda",
+        builder="jaxfl.algorithms.afl:from_engine",
         hparams={
             "afl_lambda_lr": Setting(
                 0.01, "step size gamma_lambda > 0 of the ascent on the mixture weights",
@@ -370,14 +395,15 @@ SPECS: dict[str, AlgorithmSpec] = {
         ditto_global=True,
     ),
     "afl-qffl": AlgorithmSpec(
-        "jaxfl.algorithms.qffl:afl_from_engine",
+        "jaxfl.algorithms.qffl:qffl",
         "AFL as q-FFL with large q (q = 10; Pillutla et al. 2023, Section 7.2, Appendix C.2)",
+        builder="jaxfl.algorithms.qffl:afl_from_engine",
         hparams=_Q,
         options=_QFFL_VARIANT,
         full_batch=_qfedsgd,
     ),
     "term": AlgorithmSpec(
-        "jaxfl.algorithms.term:from_engine",
+        "jaxfl.algorithms.term:term",
         "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i)",
         hparams={
             "tilt": Setting(
@@ -388,7 +414,7 @@ SPECS: dict[str, AlgorithmSpec] = {
         ditto_global=True,
     ),
     "deltafl": AlgorithmSpec(
-        "jaxfl.algorithms.deltafl:from_engine",
+        "jaxfl.algorithms.deltafl:deltafl",
         "Delta-FL (Pillutla et al. 2023; Laguel et al. 2020): superquantile of client losses, "
         "tail fraction theta",
         hparams={
@@ -423,17 +449,19 @@ SPECS: dict[str, AlgorithmSpec] = {
         ditto_global=True,
     ),
     "dp-fedavg": AlgorithmSpec(
-        "jaxfl.algorithms.dp_fedavg:from_engine",
+        "jaxfl.algorithms.dp_fedavg:dp_fedavg",
         "DP-FedAvg (McMahan et al. 2018): clipped updates, Gaussian noise, "
         "(epsilon, delta) client-level DP",
+        builder="jaxfl.algorithms.dp_fedavg:from_engine",
         hparams=_DP_UPDATES,
         privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
         privacy_settings=_DP_BUDGET,
     ),
     "dp-deltafl": AlgorithmSpec(
-        "jaxfl.algorithms.dp_deltafl:from_engine",
+        "jaxfl.algorithms.dp_deltafl:dp_deltafl",
         "DP Delta-FL (Pillutla et al. 2023, Algorithm 4): DP quantile filter, clipped noisy "
         "updates, (epsilon, delta) client-level DP",
+        builder="jaxfl.algorithms.dp_deltafl:from_engine",
         hparams={
             **_THETA,
             **_DP_LOSS_BOUND,
@@ -468,17 +496,19 @@ SPECS: dict[str, AlgorithmSpec] = {
 DITTO_GLOBALS = tuple(name for name, spec in SPECS.items() if spec.ditto_global)
 
 SPECS["fedbuff"] = AlgorithmSpec(
-    "jaxfl.algorithms.fedbuff:from_engine",
+    "jaxfl.algorithms.fedbuff:fedbuff",
     "FedBuff (Nguyen et al. 2022): asynchronous clients on the simulated clock, a server step per K = "
     "clients-per-round staleness-weighted updates",
+        builder="jaxfl.algorithms.fedbuff:from_engine",
     hparams=_STALENESS_WEIGHTS,
     options=_ASYNCHRONOUS,
     step_arrivals=lambda clients_per_round: clients_per_round,
 )
 SPECS["fedasync"] = AlgorithmSpec(
-    "jaxfl.algorithms.fedasync:from_engine",
+    "jaxfl.algorithms.fedasync:fedasync",
     "FedAsync (Xie et al. 2019): asynchronous clients on the simulated clock, each arrival mixed in with "
     "weight alpha s(staleness)",
+        builder="jaxfl.algorithms.fedasync:from_engine",
     hparams={
         "async_mixing": Setting(
             0.6, "alpha in (0, 1], the mixing weight of a fresh update", low=0.0, high=1.0, low_open=True
@@ -490,9 +520,10 @@ SPECS["fedasync"] = AlgorithmSpec(
     step_arrivals=lambda clients_per_round: 1,
 )
 SPECS["ditto"] = AlgorithmSpec(
-    "jaxfl.algorithms.ditto:from_engine",
+    "jaxfl.algorithms.ditto:ditto",
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
+        builder="jaxfl.algorithms.ditto:from_engine",
     hparams={**_LAM, **{h: s for g in DITTO_GLOBALS for h, s in SPECS[g].hparams.items()}},
     client_rows=1,
     personal_models=True,
@@ -514,18 +545,20 @@ SPECS["ditto"] = AlgorithmSpec(
     ),
 )
 SPECS["l2sgd"] = AlgorithmSpec(
-    "jaxfl.algorithms.l2sgd:from_engine",
+    "jaxfl.algorithms.l2sgd:l2sgd",
     "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
+        builder="jaxfl.algorithms.l2sgd:from_engine",
     hparams=_LAM,
     client_rows=1,
     personal_models=True,
     host_rows=False,  # Every round averages all N personal models.
 )
 SPECS["apfl"] = AlgorithmSpec(
-    "jaxfl.algorithms.apfl:from_engine",
+    "jaxfl.algorithms.apfl:apfl",
     "APFL (Deng et al. 2020; Li 2023, App. 5.6.2): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
+        builder="jaxfl.algorithms.apfl:from_engine",
     hparams={
         "apfl_alpha": Setting(
             0.5, "alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global model; 1: "
@@ -543,9 +576,10 @@ SPECS["apfl"] = AlgorithmSpec(
     personal_models=True,
 )
 SPECS["mapper"] = AlgorithmSpec(
-    "jaxfl.algorithms.mapper:from_engine",
+    "jaxfl.algorithms.mapper:mapper",
     "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
     "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
+        builder="jaxfl.algorithms.mapper:from_engine",
     options={
         "mapper_candidates": Setting(
             "0.25,0.5,0.75", "the mixing weights lam in [0, 1] each sampled client tries every round, "
@@ -557,9 +591,10 @@ SPECS["mapper"] = AlgorithmSpec(
     personal_models=True,
 )
 SPECS["perfedavg"] = AlgorithmSpec(
-    "jaxfl.algorithms.perfedavg:from_engine",
+    "jaxfl.algorithms.perfedavg:perfedavg",
     "Per-FedAvg (HF) (Fallah et al. 2020; Li 2023, App. 5.6.2): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
+        builder="jaxfl.algorithms.perfedavg:from_engine",
     hparams={
         **_PERFEDAVG_ALPHA,
         "perfedavg_delta": Setting(
@@ -570,9 +605,10 @@ SPECS["perfedavg"] = AlgorithmSpec(
     adapts_after_training=True,
 )
 SPECS["scaffold"] = AlgorithmSpec(
-    "jaxfl.algorithms.scaffold:from_engine",
+    "jaxfl.algorithms.scaffold:scaffold",
     "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i; "
     "c_i kept per client",
+        builder="jaxfl.algorithms.scaffold:from_engine",
     options={
         "scaffold_option": Setting(
             2, "the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the client's "
@@ -583,12 +619,12 @@ SPECS["scaffold"] = AlgorithmSpec(
     client_rows=1,
 )
 SPECS["fednova"] = AlgorithmSpec(
-    "jaxfl.algorithms.fednova:from_engine",
+    "jaxfl.algorithms.fednova:fednova",
     "FedNova (Wang et al. 2020): updates normalized by each client's local steps; keeps stragglers' work",
     options=_STRAGGLERS,
 )
 SPECS["feddyn"] = AlgorithmSpec(
-    "jaxfl.algorithms.feddyn:from_engine",
+    "jaxfl.algorithms.feddyn:feddyn",
     "FedDyn (Acar et al. 2021): local objectives with a dynamic linear and proximal regularizer; "
     "g_k kept per client",
     hparams={
@@ -600,13 +636,13 @@ SPECS["feddyn"] = AlgorithmSpec(
     client_rows=1,
 )
 SPECS["feddane"] = AlgorithmSpec(
-    "jaxfl.algorithms.feddane:from_engine",
+    "jaxfl.algorithms.feddane:feddane",
     "FedDane (Li et al. 2019; Li 2023, Section 3.6): FedProx's local problems corrected by the "
     "cohort's mean gradient minus the client's",
     hparams=_MU,
 )
 SPECS["qmaml"] = AlgorithmSpec(
-    "jaxfl.algorithms.qmaml:from_engine",
+    "jaxfl.algorithms.qmaml:qmaml",
     "q-MAML (Li 2023, Appendix 4.6.2): q-FFL's weighting of first-order MAML meta-gradients",
     hparams={**_Q, **_PERFEDAVG_ALPHA},
     full_batch=_always,
@@ -626,7 +662,7 @@ PRIVATE_ALGORITHMS = tuple(name for name, spec in SPECS.items() if spec.privacy_
 
 def algorithm_factories() -> dict[str, str]:
     """Each entry's factory by its public name -> its module (a factory shares its module's name)."""
-    modules = dict.fromkeys(spec.builder.partition(":")[0] for spec in SPECS.values())
+    modules = dict.fromkeys(spec.factory.partition(":")[0] for spec in SPECS.values())
     return {module.rpartition(".")[2]: module for module in modules}
 
 

@@ -30,12 +30,10 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Unpack
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.registry import Engine
 from jaxfl.primitives import tilted_risk_weights
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
@@ -80,9 +78,3 @@ def term(
         aggregate=stages.AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
         **options,
     )
-
-
-def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
-    """TERM as the registry builds it for a run."""
-    del options  # None.
-    return term(engine.task, engine.local, engine.clients_per_round, **engine.round_options())

@@ -316,6 +316,24 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
 
 
 @held_warnings()
+def run_model(config: RunConfig, dataset: FederatedDataset):
+    """The run's model for the dataset's inputs and classes; ConfigError where it does not fit them."""
+    try:
+        model = make_model(
+            config.model,
+            dataset.input_shape,
+            dataset.num_classes,
+            hidden_sizes=config.hidden_sizes,
+            input_vocab_size=dataset.input_vocab_size,
+            embedding_dim=config.embedding_dim,
+            embedding_table=frozen_embeddings(config),
+        )
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+    check_model_fits_targets(model, dataset, config)
+    return model
+
+
 def setup(config: RunConfig) -> Setup:
     """Builds everything a run needs, checking what depends on the data.
 
@@ -349,19 +367,7 @@ def setup(config: RunConfig) -> Setup:
             f"clients_per_round must be in [1, {num_train}] (the training clients "
             f"of {config.dataset}), got {config.clients_per_round}"
         )
-    try:
-        model = make_model(
-            config.model,
-            dataset.input_shape,
-            dataset.num_classes,
-            hidden_sizes=config.hidden_sizes,
-            input_vocab_size=dataset.input_vocab_size,
-            embedding_dim=config.embedding_dim,
-            embedding_table=frozen_embeddings(config),
-        )
-    except ValueError as error:
-        raise ConfigError(f"model: {error}") from None
-    check_model_fits_targets(model, dataset, config)
+    model = run_model(config, dataset)
     model_shape = jax.eval_shape(model.init, jax.random.key(0))
     num_parameters = count_parameters(model_shape)
     strategy = choose_strategy(config.strategy, num_parameters)
@@ -402,6 +408,22 @@ def setup(config: RunConfig) -> Setup:
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
     for message in data_warnings(config, dataset, engine.local):
         warn(message)
+    algorithms, hparams = build_algorithms(config, engine, num_train)
+    ignored = ignored_settings(config, algorithms)
+    for field in ignored:
+        warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
+    traffic = {name: round_traffic(algorithm, model_shape) for name, algorithm in algorithms.items()}
+    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
+
+
+def build_algorithms(
+    config: RunConfig, engine: Engine, num_train: int
+) -> tuple[dict[str, FederatedAlgorithm], dict[str, dict[str, float]]]:
+    """The run's algorithms and their initial hyperparameters, DP noise calibrated to the budget.
+
+    Raises:
+      ConfigError: an algorithm refuses its options, or a setting it cannot run with.
+    """
     algorithms, hparams = {}, {}
     for name in config.algorithms:
         try:
@@ -434,11 +456,7 @@ def setup(config: RunConfig) -> Setup:
                 )
             except ValueError as error:
                 raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None
-    ignored = ignored_settings(config, algorithms)
-    for field in ignored:
-        warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
-    traffic = {name: round_traffic(algorithm, model_shape) for name, algorithm in algorithms.items()}
-    return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
+    return algorithms, hparams
 
 
 def placement_line(run_setup: Setup) -> str:

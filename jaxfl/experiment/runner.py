@@ -281,6 +281,44 @@ def timing_fields(timing: LoopTiming, num_rounds_per_call: int, start_round: int
     }
 
 
+def _final_summary(run_setup: Setup, name: str, summaries, health, diverged, state, history) -> dict:
+    """The run's summary.json: its last evaluation's summaries, health, divergence and clock."""
+    summary = run_summary(
+        run_setup, name, summaries, int(health["rounds_without_weight"]), diverged,
+        run_setup.hparams[name] if state is None else state.hparams, int(health["client_uploads"]),
+    )
+    if history and "simulated_time" in history[-1]:
+        summary["simulated_time"] = history[-1]["simulated_time"]  # At the last evaluation.
+    if diverged:
+        summary["evaluated_round"] = history[-1]["round"] if history else None
+    return summary
+
+
+def _compiled_rounds(run_setup: Setup, name: str, carry, run_key, start_round: int):
+    """What a single run's loop calls: (host client state or None, rounds per call, training input, rounds).
+
+    Host-resident client state moves each round's rows, so it takes one round per call.
+    """
+    config, engine = run_setup.config, run_setup.engine
+    strategy = engine.strategy
+    client_state = None
+    if strategy.host_client_state and jax.tree.leaves(carry[0].clients):
+        # Device arrays either way (`replicate` passes NumPy through off a mesh).
+        place = strategy.replicate if strategy.mesh is not None else jax.device_put
+        client_state = HostClientState(
+            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
+        )
+    num_rounds_per_call = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
+    num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
+    train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
+    round_fn = compile_rounds(
+        monitored(run_setup.algorithms[name].round, released_only=name in PRIVATE_ALGORITHMS),
+        num_rounds_per_call,
+        cohort_per_round=isinstance(train, CohortStream),
+    )
+    return client_state, num_rounds_per_call, train, round_fn
+
+
 def run_algorithm(
     run_setup: Setup,
     name: str,
@@ -325,20 +363,8 @@ def run_algorithm(
     if on_restore is not None:
         on_restore(start_round)
     history: list[dict[str, Any]] = list(meta["history"]) if meta else []
-    client_state = None
-    if strategy.host_client_state and jax.tree.leaves(carry[0].clients):
-        # Device arrays either way (`replicate` passes NumPy through off a mesh).
-        place = strategy.replicate if strategy.mesh is not None else jax.device_put
-        client_state = HostClientState(
-            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
-        )
-    num_rounds_per_call = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
-    num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
-    train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
-    round_fn = compile_rounds(
-        monitored(algorithm.round, released_only=name in PRIVATE_ALGORITHMS),
-        num_rounds_per_call,
-        cohort_per_round=isinstance(train, CohortStream),
+    client_state, num_rounds_per_call, train, round_fn = _compiled_rounds(
+        run_setup, name, carry, run_key, start_round
     )
     evaluate = make_evaluator(
         engine.task,
@@ -407,13 +433,6 @@ def run_algorithm(
         diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
         diverged["last_checkpoint_round"] = checkpoints.latest_round() if checkpoints is not None else None
         timing = LoopTiming(0.0, 0.0, 0.0, 0)
-    summary = run_summary(
-        run_setup, name, latest["summaries"], int(health["rounds_without_weight"]), diverged,
-        run_setup.hparams[name] if state is None else state.hparams, int(health["client_uploads"]),
-    )
-    if history and "simulated_time" in history[-1]:
-        summary["simulated_time"] = history[-1]["simulated_time"]  # At the last evaluation.
-    if diverged:
-        summary["evaluated_round"] = history[-1]["round"] if history else None
+    summary = _final_summary(run_setup, name, latest["summaries"], health, diverged, state, history)
     timing_record = timing_fields(timing, num_rounds_per_call, start_round)
     return RunResult(name, state, history, summary, latest["clients"], timing_record)
