@@ -7,7 +7,9 @@
   composed over rounds with Google's dp-accounting; epsilon spent and noise
   calibration;
 * `budget`: from a run's privacy settings to calibrated noise and back to
-  the epsilon spent (what the runner and the CLI use).
+  the epsilon spent (what the runner and the CLI use);
+* `optimizers`: example-level private optimizers as optax transformations
+  (DP-SGD, DP-Adam, DP-RMSProp, AdaDPS, DP^2) and their accounting.
 
 See docs/privacy.md.
 
@@ -25,17 +27,35 @@ from jaxfl.privacy.accounting import (
 from jaxfl.privacy.budget import DpBudget, max_noise_multiplier
 from jaxfl.privacy.clipping import clip_update, clip_updates
 from jaxfl.privacy.noise import gaussian_noise_like, noisy_clipped_sum
+from jaxfl.privacy.optimizers import (
+    dp2,
+    dp_adam,
+    dp_rmsprop,
+    dp_sgd_epsilon,
+    dp_sgd_noise_multiplier,
+    privatize,
+    scale_by_public_moments,
+    scale_by_side_information,
+)
 
 __all__ = [
     "DpBudget",
     "Sampling",
     "clip_update",
     "clip_updates",
+    "dp2",
+    "dp_adam",
+    "dp_rmsprop",
+    "dp_sgd_epsilon",
+    "dp_sgd_noise_multiplier",
     "epsilon_spent",
     "gaussian_noise_like",
     "max_noise_multiplier",
     "noise_multiplier_for",
     "noisy_clipped_sum",
+    "privatize",
     "quantile_epsilon_for",
+    "scale_by_public_moments",
+    "scale_by_side_information",
     "sum_sensitivity",
 ]

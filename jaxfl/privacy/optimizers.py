@@ -1,0 +1,395 @@
+"""Private optimizers as optax transformations: DP-SGD, DP-Adam, DP-RMSProp, AdaDPS and DP^2.
+
+Every transformation here that privatizes takes **per-example gradients**, a
+pytree whose leaves carry a leading batch axis b (`jax.vmap(jax.grad(loss),
+in_axes=(None, 0))(params, batch)`), and returns one update shaped like the
+parameters. The private step is the Gaussian mechanism of DP-SGD (Li 2023,
+Section 6.2, after Abadi et al. 2016):
+
+    g~ = (1 / k) (sum_{j <= k} clip(g_j, C) + N(0, z^2 C^2 I)),
+
+g_j the k rows (examples, or the means of microbatches of examples),
+clip(g, C) = g min(1, C / ||g||_2). Adding or removing one example changes
+the sum by at most C (its row), so g~ is the Gaussian mechanism with noise
+multiplier z under `ADD_OR_REMOVE_ONE` adjacency, the relation of
+`dp_sgd_epsilon`. Noise of step t comes from `fold_in(key, t)`. A row with
+a non-finite entry counts as zeros there (`jaxfl.privacy.clipping`).
+
+The compositions (chain them with `optax.chain`, the privatizing part first
+unless a preconditioner comes before it):
+
+* DP-SGD: `privatize(C, z, key)`, then `optax.sgd(lr)`;
+* DP-Adam, DP-RMSProp (Li 2023, Algorithm 9; Zhou et al. 2020): privatize,
+  then Adam or RMSProp on g~: `dp_adam`, `dp_rmsprop`;
+* AdaDPS (Li 2023, Algorithm 8): precondition each example's gradient by
+  side information A, then privatize: `scale_by_side_information(A)` (option
+  2, a fixed A such as token frequencies) or `scale_by_public_moments(...)`
+  (option 1, A from the gradients of public data, given each step as the
+  extra argument `public_gradient`), then `privatize`. A never reads private
+  data, so the privacy is DP-SGD's at the same z (post-processing);
+* DP-R-Pub, DP-Adam-Pub (the baselines of Algorithm 8): privatize first, then
+  `scale_by_public_moments`;
+* DP^2 (Li 2023, Algorithm 11): `dp2`, delayed preconditioners built from the
+  privatized gradients themselves (so also DP-SGD's privacy).
+
+References:
+  [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks. PhD thesis, CMU, 2023, chapter 6.
+  [Abadi et al. 2016] Deep Learning with Differential Privacy. CCS 2016.
+  [Zhou et al. 2020] Private Stochastic Non-Convex Optimization: Adaptive Algorithms and Tighter
+    Generalization Bounds. arXiv:2006.13501.
+  [Zaheer et al. 2018] Adaptive Methods for Nonconvex Optimization. NeurIPS 2018 (Yogi).
+  [Mironov et al. 2019] Renyi Differential Privacy of the Sampled Gaussian Mechanism. arXiv:1908.10530.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfl.privacy.clipping import clip_updates
+from jaxfl.privacy.noise import gaussian_noise_like
+from jaxfl.types import Key, PyTree
+
+PRECONDITIONER_KINDS = ("rmsprop", "adagrad", "adam")
+DP2_VARIANTS = ("rmsprop", "adagrad", "yogi")
+
+
+def _leading(value: jax.Array, like: jax.Array) -> jax.Array:
+    """`value` (parameter-shaped) with unit axes in front, to meet `like`'s leading batch axes."""
+    return value.reshape((1,) * (like.ndim - value.ndim) + value.shape)
+
+
+def _microbatch_rows(per_example: PyTree, microbatch_size: int) -> PyTree:
+    """The rows clipped: examples, or the means of consecutive microbatches of them."""
+    if microbatch_size == 1:
+        return per_example
+    batch = jax.tree.leaves(per_example)[0].shape[0]
+    if batch % microbatch_size:
+        raise ValueError(f"the batch ({batch}) must be a multiple of microbatch_size ({microbatch_size})")
+    return jax.tree.map(
+        lambda g: g.reshape(batch // microbatch_size, microbatch_size, *g.shape[1:]).mean(axis=1), per_example
+    )
+
+
+def noisy_clipped_mean(key: Key, rows: PyTree, clip_norm, noise_multiplier) -> PyTree:
+    """(1 / k) (sum_j clip(row_j, C) + N(0, z^2 C^2 I)) over the k rows of `rows` (leading axis)."""
+    clipped, _ = clip_updates(rows, clip_norm)
+    total = jax.tree.map(lambda g: jnp.sum(g, axis=0), clipped)
+    noise = gaussian_noise_like(key, total, noise_multiplier * clip_norm)
+    count = jax.tree.leaves(rows)[0].shape[0]
+    return jax.tree.map(lambda s, n: (s + n) / count, total, noise)
+
+
+def _check_privatize(clip_norm, noise_multiplier, microbatch_size) -> None:
+    for value, name in ((clip_norm, "clip_norm"), (noise_multiplier, "noise_multiplier")):
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if isinstance(clip_norm, (int, float)) and clip_norm == 0:
+        raise ValueError("clip_norm must be > 0")
+    if not isinstance(microbatch_size, int) or microbatch_size < 1:
+        raise ValueError(f"microbatch_size must be an integer >= 1, got {microbatch_size!r}")
+
+
+class PrivatizeState(NamedTuple):
+    """The step count t (the noise of step t comes from fold_in(key, t))."""
+
+    count: jax.Array
+
+
+def privatize(
+    clip_norm, noise_multiplier, key: Key, *, microbatch_size: int = 1
+) -> optax.GradientTransformation:
+    """DP-SGD's Gaussian mechanism on per-example gradients (module docstring).
+
+    Args:
+      clip_norm: C > 0, the l2 bound of each row (may be traced).
+      noise_multiplier: z >= 0, the noise std over C (may be traced; 0: clipping only).
+      key: the noise's PRNG key (step t uses fold_in(key, t)).
+      microbatch_size: examples averaged into one clipped row (Li 2023, App. 6.6: microbatches of 4).
+        The batch must be a multiple; the sensitivity is then one row's, so one example's
+        privacy is the row's.
+
+    Returns:
+      An optax transformation from per-example gradients (leading axis b) to the noisy mean.
+
+    Raises:
+      ValueError: a Python clip_norm <= 0, a negative or non-finite noise multiplier, a
+        microbatch size < 1, or (at update) a batch that is not a multiple of it.
+    """
+    _check_privatize(clip_norm, noise_multiplier, microbatch_size)
+
+    def init(params):
+        del params  # Unused.
+        return PrivatizeState(jnp.zeros((), jnp.int32))
+
+    def update(updates, state, params=None):
+        del params  # Unused.
+        rows = _microbatch_rows(updates, microbatch_size)
+        noisy = noisy_clipped_mean(jax.random.fold_in(key, state.count), rows, clip_norm, noise_multiplier)
+        return noisy, PrivatizeState(state.count + 1)
+
+    return optax.GradientTransformation(init, update)
+
+
+class SideInformationState(NamedTuple):
+    """Nothing: the preconditioner is fixed."""
+
+
+def scale_by_side_information(preconditioner: PyTree) -> optax.GradientTransformation:
+    """AdaDPS option 2 (Li 2023, Algorithm 8): g -> g / A with a fixed A, shaped like the parameters.
+
+    A comes from non-private side information (e.g. A_j = E|x_j| + eps from
+    public token frequencies); it broadcasts over any leading batch axis, so
+    it may precede `privatize`. Entries of A must be > 0.
+    """
+
+    def init(params):
+        del params  # Unused.
+        return SideInformationState()
+
+    def update(updates, state, params=None):
+        del params  # Unused.
+        return jax.tree.map(lambda g, a: g / _leading(a, g), updates, preconditioner), state
+
+    return optax.GradientTransformation(init, update)
+
+
+class PublicMomentsState(NamedTuple):
+    """Moments of the public gradients: `first` (Adam's M), `second` (v or the AdaGrad sum)."""
+
+    first: PyTree
+    second: PyTree
+
+
+def scale_by_public_moments(
+    kind: str = "rmsprop", *, beta: float = 0.9, beta2: float = 0.999, eps: float = 1e-8
+) -> optax.GradientTransformationExtraArgs:
+    """AdaDPS option 1 (Li 2023, Algorithm 8): a preconditioner from public gradients g^ (each step's
+    `public_gradient` extra argument, shaped like the parameters).
+
+    * rmsprop: v <- beta v + (1 - beta) g^^2, A = sqrt(v) + eps, g -> g / A;
+    * adagrad: v <- v + g^^2, A = sqrt(v) + eps, g -> g / A;
+    * adam: M <- beta M + (1 - beta) g^, v <- beta2 v + (1 - beta2) g^^2, A = sqrt(v) + eps,
+      g -> (beta g + (1 - beta) M) / A.
+
+    The state moves first, then scales this step's gradients (which may carry a
+    leading batch axis). Before `privatize` it is AdaDPS; after it, DP-R-Pub
+    (rmsprop) or DP-Adam-Pub (adam).
+
+    Raises:
+      ValueError: an unknown kind, or betas outside [0, 1), or eps <= 0.
+    """
+    if kind not in PRECONDITIONER_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(PRECONDITIONER_KINDS)}, got {kind!r}")
+    for value, name in ((beta, "beta"), (beta2, "beta2")):
+        if not 0 <= value < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return PublicMomentsState(first=zeros, second=zeros)
+
+    def update(updates, state, params=None, *, public_gradient=None, **extra_args):
+        del params, extra_args  # Unused.
+        if public_gradient is None:
+            raise ValueError("scale_by_public_moments needs each step's public_gradient")
+        if kind == "adagrad":
+            second = jax.tree.map(lambda v, g: v + g**2, state.second, public_gradient)
+        else:
+            decay = beta if kind == "rmsprop" else beta2
+            second = jax.tree.map(lambda v, g: decay * v + (1 - decay) * g**2, state.second, public_gradient)
+        first = state.first
+        if kind == "adam":
+            first = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g, state.first, public_gradient)
+        scale = jax.tree.map(lambda v: jnp.sqrt(v) + eps, second)
+        if kind == "adam":
+            mixed = jax.tree.map(lambda g, m: beta * g + (1 - beta) * _leading(m, g), updates, first)
+            scaled = jax.tree.map(lambda g, a: g / _leading(a, g), mixed, scale)
+        else:
+            scaled = jax.tree.map(lambda g, a: g / _leading(a, g), updates, scale)
+        return scaled, PublicMomentsState(first=first, second=second)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def dp_adam(
+    learning_rate, clip_norm, noise_multiplier, key: Key, *, b1: float = 0.9, b2: float = 0.999,
+    eps: float = 1e-8, microbatch_size: int = 1,
+) -> optax.GradientTransformation:
+    """DP-Adam (Li 2023, Algorithm 9): privatize, then Adam with eps inside the root,
+    w <- w - lr (m / (1 - b1^t)) / sqrt(v / (1 - b2^t) + eps)."""
+    return optax.chain(
+        privatize(clip_norm, noise_multiplier, key, microbatch_size=microbatch_size),
+        optax.scale_by_adam(b1=b1, b2=b2, eps=0.0, eps_root=eps),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+def dp_rmsprop(
+    learning_rate, clip_norm, noise_multiplier, key: Key, *, decay: float = 0.9, eps: float = 1e-8,
+    microbatch_size: int = 1,
+) -> optax.GradientTransformation:
+    """DP-RMSProp (Li 2023, Algorithm 9): privatize, then v <- decay v + (1 - decay) g~^2,
+    w <- w - lr g~ / sqrt(v + eps)."""
+    return optax.chain(
+        privatize(clip_norm, noise_multiplier, key, microbatch_size=microbatch_size),
+        optax.scale_by_rms(decay=decay, eps=eps, initial_scale=0.0, eps_in_sqrt=True),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+class Dp2State(NamedTuple):
+    """DP^2's step t, delayed second moment v and privatized gradients G summed since the last reset."""
+
+    count: jax.Array
+    second: PyTree
+    accumulated: PyTree
+
+
+def dp2(
+    learning_rates: tuple, clip_norms: tuple, noise_multiplier, key: Key, *, sgd_steps: int,
+    rmsprop_steps: int, beta: float = 0.9, eps: float = 1e-8, variant: str = "rmsprop",
+    noise_before_preconditioning: bool = False,
+) -> optax.GradientTransformation:
+    """DP^2 (Li 2023, Algorithm 11): private SGD and private RMSProp phases, the preconditioner of each
+    RMSProp phase built from the preceding SGD phase's privatized gradients.
+
+    Step t in the cycle of s1 + s2 steps (s1 = `sgd_steps`, s2 = `rmsprop_steps`), phase
+    p = t mod (s1 + s2): at p = 0, G <- 0; at p = s1, v <- update(v, G / s1) and G <- 0, with
+    update rmsprop: beta v + (1 - beta) g^2; adagrad: v + g^2; yogi (Zaheer et al. 2018):
+    v - (1 - beta) sign(v - g^2) g^2. Then D = 1 in the SGD phase (p < s1), sqrt(v) + eps in the
+    RMSProp phase, and
+
+        g~ = (1 / b) (sum_i clip(g_i / D, C) + N(0, z^2 C^2 I)),   G <- G + g~,   w <- w - lr g~,
+
+    with C and lr the phase's (`clip_norms`, `learning_rates`: (SGD phase, RMSProp phase); the
+    thesis tunes them apart). One private release per step: the privacy of DP-SGD with z.
+    `noise_before_preconditioning` is the thesis's second ablation (Section 6.14):
+    g~ = ((1 / b)(sum_i clip(g_i, C) + N)) / D.
+
+    Returns:
+      An optax transformation from per-example gradients to the parameter update (learning rate in).
+
+    Raises:
+      ValueError: phase lengths < 1, an unknown variant, beta outside [0, 1), eps <= 0.
+    """
+    if variant not in DP2_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(DP2_VARIANTS)}, got {variant!r}")
+    for steps, name in ((sgd_steps, "sgd_steps"), (rmsprop_steps, "rmsprop_steps")):
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {steps!r}")
+    if not 0 <= beta < 1:
+        raise ValueError(f"beta must be in [0, 1), got {beta!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    for clip_norm in clip_norms:
+        _check_privatize(clip_norm, noise_multiplier, 1)
+    cycle = sgd_steps + rmsprop_steps
+
+    def moved(v, mean):
+        if variant == "rmsprop":
+            return beta * v + (1 - beta) * mean**2
+        if variant == "adagrad":
+            return v + mean**2
+        return v - (1 - beta) * jnp.sign(v - mean**2) * mean**2
+
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return Dp2State(count=jnp.zeros((), jnp.int32), second=zeros, accumulated=zeros)
+
+    def update(updates, state, params=None):
+        del params  # Unused.
+        phase = state.count % cycle
+        accumulated = jax.tree.map(lambda g: jnp.where(phase == 0, 0.0, g), state.accumulated)
+        refresh = phase == sgd_steps
+        second = jax.tree.map(
+            lambda v, g: jnp.where(refresh, moved(v, g / sgd_steps), v), state.second, accumulated
+        )
+        accumulated = jax.tree.map(lambda g: jnp.where(refresh, 0.0, g), accumulated)
+        rmsprop_phase = phase >= sgd_steps
+        divisor = jax.tree.map(lambda v: jnp.where(rmsprop_phase, jnp.sqrt(v) + eps, 1.0), second)
+        clip_norm = jnp.where(rmsprop_phase, clip_norms[1], clip_norms[0])
+        step_key = jax.random.fold_in(key, state.count)
+        if noise_before_preconditioning:
+            noisy = noisy_clipped_mean(step_key, updates, clip_norm, noise_multiplier)
+            noisy = jax.tree.map(lambda g, d: g / d, noisy, divisor)
+        else:
+            scaled = jax.tree.map(lambda g, d: g / _leading(d, g), updates, divisor)
+            noisy = noisy_clipped_mean(step_key, scaled, clip_norm, noise_multiplier)
+        accumulated = jax.tree.map(jnp.add, accumulated, noisy)
+        learning_rate = jnp.where(rmsprop_phase, learning_rates[1], learning_rates[0])
+        step = jax.tree.map(lambda g: -learning_rate * g, noisy)
+        return step, Dp2State(count=state.count + 1, second=second, accumulated=accumulated)
+
+    return optax.GradientTransformation(init, update)
+
+
+def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int):
+    """The DP event of `steps` releases of `privatize` on Poisson-sampled batches of rate q."""
+    import dp_accounting
+
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)),
+        steps,
+    )
+
+
+def _check_accounting(sampling_rate, steps, delta) -> None:
+    if not 0 < sampling_rate <= 1:
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def dp_sgd_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
+    """Epsilon of (epsilon, delta)-DP of `steps` DP-SGD steps (any of this module's optimizers).
+
+    dp-accounting's `RdpAccountant` (Renyi DP of the Poisson-sampled Gaussian, Mironov et al. 2019,
+    `ADD_OR_REMOVE_ONE`, its default orders), as the thesis's accountant. Batches of b drawn
+    uniformly from n are accounted as Poisson sampling at q = b / n, the usual practice (and the
+    thesis's); exact for Poisson-sampled batches.
+    """
+    _check_accounting(sampling_rate, steps, delta)
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    return float(accountant.compose(dp_sgd_event(noise_multiplier, sampling_rate, steps)).get_epsilon(delta))
+
+
+def dp_sgd_noise_multiplier(
+    target_epsilon: float, sampling_rate: float, steps: int, delta: float, *, tolerance: float = 1e-4
+) -> float:
+    """The smallest z whose `dp_sgd_epsilon` is at most `target_epsilon` (dp-accounting's calibration)."""
+    _check_accounting(sampling_rate, steps, delta)
+    if not target_epsilon > 0:
+        raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            rdp_privacy_accountant.RdpAccountant,
+            lambda z: dp_sgd_event(float(z), sampling_rate, steps),
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),
+            tol=tolerance,
+        )
+    )
+
+
+def power_of_ten_delta(num_examples: int) -> float:
+    """10^-k for the smallest integer k with 10^-k <= 1 / n: DP^2's delta (Li 2023, Section 6.12)."""
+    if not isinstance(num_examples, int) or num_examples < 2:
+        raise ValueError(f"num_examples must be an integer >= 2, got {num_examples!r}")
+    return 10.0 ** -math.ceil(math.log10(num_examples) - 1e-12)
