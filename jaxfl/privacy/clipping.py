@@ -71,22 +71,54 @@ def clip_update(update: PyTree, clip_norm) -> tuple[PyTree, jax.Array]:
     """
     if isinstance(clip_norm, numbers.Real) and not clip_norm >= 0:
         raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
-    finite = jax.tree.map(
-        lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)), update
-    )
+    finite = _finite(update)
     leaves = jax.tree.leaves(finite)
     squared = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
     norm = jnp.sqrt(jnp.asarray(squared, jnp.float32))
-    clip_norm = jnp.asarray(clip_norm, jnp.float32)
-    # min(1, C / ||u||): C / 0 = inf and inf / finite = inf give 1 (unchanged);
-    # a traced C <= 0 or NaN gives 0 (nothing released rather than a bound
-    # violated).
-    scale = jnp.minimum(1.0, clip_norm / norm)
-    scale = jnp.where(clip_norm > 0, scale, 0.0)
-    scale = jnp.where(jnp.isnan(scale), 0.0, scale)
+    scale = _clip_scale(norm, clip_norm)
     # Multiplying by exactly 1.0 keeps updates inside the ball bit-identical.
     clipped = jax.tree.map(lambda x: x * scale.astype(x.dtype), finite)
     return clipped, norm
+
+
+def _finite(update: PyTree) -> PyTree:
+    """`update` with its non-finite entries replaced by 0."""
+    return jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype)), update)
+
+
+def _clip_scale(norm: jax.Array, clip_norm) -> jax.Array:
+    """min(1, C / ||u||), 0 where C <= 0 or the ratio is NaN (`clip_update`'s edge cases)."""
+    clip_norm = jnp.asarray(clip_norm, jnp.float32)
+    # C / 0 = inf and inf / finite = inf give 1 (unchanged); a traced C <= 0 or
+    # NaN gives 0 (nothing released rather than a bound violated).
+    scale = jnp.minimum(1.0, clip_norm / norm)
+    scale = jnp.where(clip_norm > 0, scale, 0.0)
+    return jnp.where(jnp.isnan(scale), 0.0, scale)
+
+
+def clipped_sum(updates: PyTree, clip_norm, weights: jax.Array | None = None) -> tuple[PyTree, jax.Array]:
+    """sum_i p_i clip(u_i, C) over the rows of a stacked pytree (leaves `[M, ...]`), and the `[M]` norms.
+
+    `weights` p (`[M]`, default ones) multiply the clipped rows (0/1 masks them).
+
+    The same clip as `clip_updates`, summed as one contraction of the rows with their scale
+    factors, so that the clipped rows are never materialized (and XLA does not fuse each row's
+    norm into every output element of the sum). Equal to `clip_updates` then a sum up to float
+    reassociation.
+    """
+    if isinstance(clip_norm, numbers.Real) and not clip_norm >= 0:
+        raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
+    finite = _finite(updates)
+    squared = sum(
+        jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], -1), axis=1)
+        for x in jax.tree.leaves(finite)
+    )
+    norms = jnp.sqrt(squared)
+    scales = _clip_scale(norms, clip_norm)
+    if weights is not None:
+        scales = jnp.asarray(weights, jnp.float32) * scales
+    total = jax.tree.map(lambda x: jnp.tensordot(scales.astype(x.dtype), x, axes=1), finite)
+    return total, norms
 
 
 def clip_updates(updates: PyTree, clip_norm) -> tuple[PyTree, jax.Array]:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.privacy.accounting import sum_sensitivity
-from jaxfl.privacy.clipping import clip_updates
+from jaxfl.privacy.clipping import clipped_sum
 from jaxfl.types import Key, PyTree
 
 
@@ -99,11 +99,8 @@ def noisy_clipped_sum(
     Returns:
       The `NoisySum`.
     """
-    clipped, norms = clip_updates(updates, clip_norm)
     mask = jnp.asarray(contributes, bool)
-    total = jax.tree.map(
-        lambda x: jnp.tensordot(mask.astype(x.dtype), x, axes=(0, 0)), clipped
-    )
+    total, norms = clipped_sum(updates, clip_norm, mask)
     noise_multiplier = jnp.asarray(noise_multiplier, jnp.float32)
     stddev = noise_multiplier * sum_sensitivity(jnp.asarray(clip_norm, jnp.float32))
     # z = 0 means no noise even with C = inf (0 * inf would be NaN).

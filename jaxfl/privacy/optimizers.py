@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxfl.privacy.clipping import clip_updates
+from jaxfl.privacy.clipping import clipped_sum
 from jaxfl.privacy.noise import gaussian_noise_like
 from jaxfl.types import Key, PyTree
 
@@ -77,8 +77,7 @@ def _microbatch_rows(per_example: PyTree, microbatch_size: int) -> PyTree:
 
 def noisy_clipped_mean(key: Key, rows: PyTree, clip_norm, noise_multiplier) -> PyTree:
     """(1 / k) (sum_j clip(row_j, C) + N(0, z^2 C^2 I)) over the k rows of `rows` (leading axis)."""
-    clipped, _ = clip_updates(rows, clip_norm)
-    total = jax.tree.map(lambda g: jnp.sum(g, axis=0), clipped)
+    total, _ = clipped_sum(rows, clip_norm)
     noise = gaussian_noise_like(key, total, noise_multiplier * clip_norm)
     count = jax.tree.leaves(rows)[0].shape[0]
     return jax.tree.map(lambda s, n: (s + n) / count, total, noise)
