@@ -44,6 +44,7 @@ References:
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -53,6 +54,7 @@ import optax
 from jaxfl.privacy.clipping import clipped_sum
 from jaxfl.privacy.noise import gaussian_noise_like
 from jaxfl.types import Key, PyTree
+from jaxfl.validation import check_choice, check_fraction, check_int, check_number
 
 PRECONDITIONER_KINDS = ("rmsprop", "adagrad", "adam")
 DP2_VARIANTS = ("rmsprop", "adagrad", "yogi")
@@ -84,13 +86,12 @@ def noisy_clipped_mean(key: Key, rows: PyTree, clip_norm, noise_multiplier) -> P
 
 
 def _check_privatize(clip_norm, noise_multiplier, microbatch_size) -> None:
-    for value, name in ((clip_norm, "clip_norm"), (noise_multiplier, "noise_multiplier")):
-        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if isinstance(clip_norm, (int, float)) and clip_norm == 0:
-        raise ValueError("clip_norm must be > 0")
-    if not isinstance(microbatch_size, int) or microbatch_size < 1:
-        raise ValueError(f"microbatch_size must be an integer >= 1, got {microbatch_size!r}")
+    """Python values checked here; traced ones are the caller's (they may come from a sweep)."""
+    if isinstance(clip_norm, numbers.Real):
+        check_number("clip_norm", clip_norm, low=0.0, low_open=True)
+    if isinstance(noise_multiplier, numbers.Real):
+        check_number("noise_multiplier", noise_multiplier, low=0.0)
+    check_int("microbatch_size", microbatch_size)
 
 
 class PrivatizeState(NamedTuple):
@@ -182,13 +183,10 @@ def scale_by_public_moments(
     Raises:
       ValueError: an unknown kind, or betas outside [0, 1), or eps <= 0.
     """
-    if kind not in PRECONDITIONER_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(PRECONDITIONER_KINDS)}, got {kind!r}")
-    for value, name in ((beta, "beta"), (beta2, "beta2")):
-        if not 0 <= value < 1:
-            raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+    check_choice("kind", kind, PRECONDITIONER_KINDS)
+    check_number("beta", beta, low=0.0, high=1.0, high_open=True)
+    check_number("beta2", beta2, low=0.0, high=1.0, high_open=True)
+    check_number("eps", eps, low=0.0, low_open=True)
 
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -278,15 +276,11 @@ def dp2(
     Raises:
       ValueError: phase lengths < 1, an unknown variant, beta outside [0, 1), eps <= 0.
     """
-    if variant not in DP2_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(DP2_VARIANTS)}, got {variant!r}")
-    for steps, name in ((sgd_steps, "sgd_steps"), (rmsprop_steps, "rmsprop_steps")):
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {steps!r}")
-    if not 0 <= beta < 1:
-        raise ValueError(f"beta must be in [0, 1), got {beta!r}")
-    if not eps > 0:
-        raise ValueError(f"eps must be > 0, got {eps!r}")
+    check_choice("variant", variant, DP2_VARIANTS)
+    check_int("sgd_steps", sgd_steps)
+    check_int("rmsprop_steps", rmsprop_steps)
+    check_number("beta", beta, low=0.0, high=1.0, high_open=True)
+    check_number("eps", eps, low=0.0, low_open=True)
     for clip_norm in clip_norms:
         _check_privatize(clip_norm, noise_multiplier, 1)
     cycle = sgd_steps + rmsprop_steps
@@ -340,12 +334,9 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int):
 
 
 def _check_accounting(sampling_rate, steps, delta) -> None:
-    if not 0 < sampling_rate <= 1:
-        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    check_number("sampling_rate", sampling_rate, low=0.0, high=1.0, low_open=True)
+    check_int("steps", steps)
+    check_fraction("delta", delta)
 
 
 def dp_sgd_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, delta: float) -> float:
@@ -357,8 +348,7 @@ def dp_sgd_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, de
     thesis's); exact for Poisson-sampled batches.
     """
     _check_accounting(sampling_rate, steps, delta)
-    if not noise_multiplier > 0:
-        raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier!r}")
+    check_number("noise_multiplier", noise_multiplier, low=0.0, low_open=True)
     from dp_accounting.rdp import rdp_privacy_accountant
 
     accountant = rdp_privacy_accountant.RdpAccountant()
@@ -370,8 +360,7 @@ def dp_sgd_noise_multiplier(
 ) -> float:
     """The smallest z whose `dp_sgd_epsilon` is at most `target_epsilon` (dp-accounting's calibration)."""
     _check_accounting(sampling_rate, steps, delta)
-    if not target_epsilon > 0:
-        raise ValueError(f"target_epsilon must be > 0, got {target_epsilon!r}")
+    check_number("target_epsilon", target_epsilon, low=0.0, low_open=True)
     import dp_accounting
     from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -389,6 +378,5 @@ def dp_sgd_noise_multiplier(
 
 def power_of_ten_delta(num_examples: int) -> float:
     """10^-k for the smallest integer k with 10^-k <= 1 / n: DP^2's delta (Li 2023, Section 6.12)."""
-    if not isinstance(num_examples, int) or num_examples < 2:
-        raise ValueError(f"num_examples must be an integer >= 2, got {num_examples!r}")
+    check_int("num_examples", num_examples, minimum=2)
     return 10.0 ** -math.ceil(math.log10(num_examples) - 1e-12)

@@ -77,7 +77,7 @@ def test_privatize_counts_a_non_finite_example_as_zeros_and_refuses_bad_argument
     tx = optimizers.privatize(1.0, 0.0, jax.random.key(0))
     got, _ = tx.update(grads, tx.init(PARAMS))
     assert all(np.all(np.isfinite(np.asarray(v))) for v in got.values())
-    with pytest.raises(ValueError, match="clip_norm must be > 0"):
+    with pytest.raises(ValueError, match="clip_norm must be a finite number > 0"):
         optimizers.privatize(0.0, 1.0, jax.random.key(0))
     with pytest.raises(ValueError, match="noise_multiplier"):
         optimizers.privatize(1.0, -1.0, jax.random.key(0))
