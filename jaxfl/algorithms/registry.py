@@ -228,7 +228,7 @@ class AlgorithmSpec:
         parameters = inspect.signature(factory).parameters
         arguments = {name: getattr(engine, name) for name in _ENGINE_PIECES if name in parameters}
         if "num_clients" in parameters:
-            arguments["num_clients"] = engine.training_clients(self.factory)
+            arguments["num_clients"] = engine.training_clients(self.factory.rpartition(":")[2])
         takes_all = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
         arguments.update(
             {name: value for name, value in engine.round_options().items() if takes_all or name in parameters}
