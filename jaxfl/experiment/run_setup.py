@@ -315,7 +315,6 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
     return dataset.validation
 
 
-@held_warnings()
 def run_model(config: RunConfig, dataset: FederatedDataset):
     """The run's model for the dataset's inputs and classes; ConfigError where it does not fit them."""
     try:
@@ -334,6 +333,7 @@ def run_model(config: RunConfig, dataset: FederatedDataset):
     return model
 
 
+@held_warnings()
 def setup(config: RunConfig) -> Setup:
     """Builds everything a run needs, checking what depends on the data.
 

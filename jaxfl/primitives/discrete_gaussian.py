@@ -16,7 +16,7 @@ from jax import lax
 
 from jaxfl.primitives import _validation
 
-# The fraction of proposals accepted is at least about 0.31 for every sigma
+# The fraction of proposals accepted is at least 0.3045 (its minimum, near sigma = 0.3)
 # (computed in tests/primitives/test_discrete_gaussian.py); each pool of
 # proposals is sized for this floor, with a margin of about six standard
 # deviations, so that one pool nearly always suffices.

@@ -21,6 +21,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import jax
@@ -110,14 +111,18 @@ def clipped_sum(updates: PyTree, clip_norm, weights: jax.Array | None = None) ->
         raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
     finite = _finite(updates)
     squared = sum(
-        jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], -1), axis=1)
+        jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], math.prod(x.shape[1:])), axis=1)
         for x in jax.tree.leaves(finite)
     )
     norms = jnp.sqrt(squared)
     scales = _clip_scale(norms, clip_norm)
     if weights is not None:
         scales = jnp.asarray(weights, jnp.float32) * scales
-    total = jax.tree.map(lambda x: jnp.tensordot(scales.astype(x.dtype), x, axes=1), finite)
+    # Full float32 products: a reduced-precision dot (TF32 on some GPUs) could leave rows beyond C.
+    highest = jax.lax.Precision.HIGHEST
+    total = jax.tree.map(
+        lambda x: jnp.tensordot(scales.astype(x.dtype), x, axes=1, precision=highest), finite
+    )
     return total, norms
 
 

@@ -80,7 +80,9 @@ def _microbatch_rows(per_example: PyTree, microbatch_size: int) -> PyTree:
 def noisy_clipped_mean(key: Key, rows: PyTree, clip_norm, noise_multiplier) -> PyTree:
     """(1 / k) (sum_j clip(row_j, C) + N(0, z^2 C^2 I)) over the k rows of `rows` (leading axis)."""
     total, _ = clipped_sum(rows, clip_norm)
-    noise = gaussian_noise_like(key, total, noise_multiplier * clip_norm)
+    # z = 0 means no noise even with C = inf (0 * inf would be NaN).
+    stddev = jnp.where(jnp.asarray(noise_multiplier) == 0, 0.0, noise_multiplier * jnp.asarray(clip_norm))
+    noise = gaussian_noise_like(key, total, stddev)
     count = jax.tree.leaves(rows)[0].shape[0]
     return jax.tree.map(lambda s, n: (s + n) / count, total, noise)
 
@@ -110,8 +112,8 @@ def privatize(
       noise_multiplier: z >= 0, the noise std over C (may be traced; 0: clipping only).
       key: the noise's PRNG key (step t uses fold_in(key, t)).
       microbatch_size: examples averaged into one clipped row (Li 2023, App. 6.6: microbatches of 4).
-        The batch must be a multiple; the sensitivity is then one row's, so one example's
-        privacy is the row's.
+        The batch must be a multiple. The unit of privacy is then the microbatch (the row added
+        or removed), not the example: `dp_sgd_epsilon` holds for microbatches.
 
     Returns:
       An optax transformation from per-example gradients (leading axis b) to the noisy mean.
@@ -345,7 +347,8 @@ def dp_sgd_epsilon(noise_multiplier: float, sampling_rate: float, steps: int, de
     dp-accounting's `RdpAccountant` (Renyi DP of the Poisson-sampled Gaussian, Mironov et al. 2019,
     `ADD_OR_REMOVE_ONE`, its default orders), as the thesis's accountant. Batches of b drawn
     uniformly from n are accounted as Poisson sampling at q = b / n, the usual practice (and the
-    thesis's); exact for Poisson-sampled batches.
+    thesis's), which such batches only approximate. The bound is exact for Poisson-sampled batches
+    padded with zero rows to a fixed public size k (zero rows add nothing, so the divisor is k).
     """
     _check_accounting(sampling_rate, steps, delta)
     check_number("noise_multiplier", noise_multiplier, low=0.0, low_open=True)

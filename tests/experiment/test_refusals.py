@@ -591,3 +591,12 @@ def test_float32_bounds_are_numpys():
     assert FLOAT32_MAX == float(np.finfo(np.float32).max)
     assert FLOAT32_TINY == float(np.finfo(np.float32).tiny)
     assert RunConfig().lr > FLOAT32_TINY
+
+
+def test_a_run_refused_after_a_data_warning_prints_only_its_error(tmp_path, capsys):
+    # The cap's warning comes from the data (setup), the refusal later (perfedavg's builder): the
+    # warning is held until every check passed, so the refused run prints one line.
+    _refuses(
+        ["run", *TINY, "--algorithm", "perfedavg", "--batch-size", "2", "--max-local-steps", "100000"],
+        ["perfedavg", "batch_size must be >= 3"], tmp_path, capsys,
+    )

@@ -84,7 +84,7 @@ def test_acceptance_probability_per_proposal_is_above_the_pools_floor():
     # Exact acceptance of one proposal of the CKS sampler: U uniform
     # on {0..t-1} kept with probability exp(-U / t), then the geometric
     # proposal's sign and Gaussian tests.
-    for sigma in [1e-3, 0.1, 0.5, 0.99, 1.0, 1.5, 2.0, 7.3, 100.0, 1e4]:
+    for sigma in [1e-3, 0.1, 0.3, 0.5, 0.99, 1.0, 1.5, 2.0, 7.3, 100.0, 1e4]:  # the least near 0.3
         t = np.floor(sigma) + 1
         y = np.arange(0, int(60 * t) + 60, dtype=np.float64)
         geometric = (1 - np.exp(-1 / t)) * np.exp(-y / t)

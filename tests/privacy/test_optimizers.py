@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -259,3 +260,15 @@ def test_privatize_under_vmap_over_keys_equals_separate_calls():
     batched = jax.jit(jax.vmap(once))(keys)
     for i in range(3):
         np.testing.assert_array_equal(np.asarray(batched["w"][i]), np.asarray(jax.jit(once)(keys[i])["w"]))
+
+
+def test_no_noise_with_an_infinite_clip_norm_and_no_rows_clipped_to_zeros():
+    # z = 0 with C = inf is the plain mean (0 * inf would be NaN); a batch of no rows sums to zeros.
+    grads = per_example(5)
+    got = optimizers.noisy_clipped_mean(jax.random.key(0), grads, jnp.inf, jnp.asarray(0.0))
+    assert_tree_close(got, {k: v.mean(axis=0) for k, v in grads.items()})
+    from jaxfl.privacy.clipping import clipped_sum
+
+    empty = {k: np.zeros((0, *v.shape), np.float32) for k, v in PARAMS.items()}
+    total, norms = clipped_sum(empty, 1.0)
+    assert norms.shape == (0,) and all(np.all(np.asarray(v) == 0) for v in total.values())
