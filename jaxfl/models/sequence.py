@@ -422,8 +422,16 @@ class GRUClassifier(nnx.Module):
         self.head = _dense(hidden_size, num_outputs, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        h = self.embed(_tokens(x))
-        for layer in self.layers:
+        tokens = _tokens(x)
+        first = self.layers[0]
+        # Embedding then input projection is a lookup of one [V, 3H] table (the same products, once per
+        # id), gathered time-major: the [B, L, 3H] inputs and their transpose are never formed.
+        table = self.embed.embedding[...] @ first.kernel[...] + first.bias[...].reshape(1, -1)
+        inputs = table[tokens.T]  # [L, B, 3H]
+        keep = jnp.ones(inputs.shape[:2], bool)
+        outputs, last = gru_recurrence(inputs, first.recurrent_kernel[...], first.recurrent_bias[...], keep)
+        h = jnp.swapaxes(outputs, 0, 1)
+        for layer in self.layers[1:]:
             h, last = layer(h)
         return self.head(last)
 
