@@ -499,7 +499,7 @@ SPECS["fedbuff"] = AlgorithmSpec(
     "jaxfl.algorithms.fedbuff:fedbuff",
     "FedBuff (Nguyen et al. 2022): asynchronous clients on the simulated clock, a server step per K = "
     "clients-per-round staleness-weighted updates",
-        builder="jaxfl.algorithms.fedbuff:from_engine",
+    builder="jaxfl.algorithms.fedbuff:from_engine",
     hparams=_STALENESS_WEIGHTS,
     options=_ASYNCHRONOUS,
     step_arrivals=lambda clients_per_round: clients_per_round,
@@ -508,7 +508,7 @@ SPECS["fedasync"] = AlgorithmSpec(
     "jaxfl.algorithms.fedasync:fedasync",
     "FedAsync (Xie et al. 2019): asynchronous clients on the simulated clock, each arrival mixed in with "
     "weight alpha s(staleness)",
-        builder="jaxfl.algorithms.fedasync:from_engine",
+    builder="jaxfl.algorithms.fedasync:from_engine",
     hparams={
         "async_mixing": Setting(
             0.6, "alpha in (0, 1], the mixing weight of a fresh update", low=0.0, high=1.0, low_open=True
@@ -523,7 +523,7 @@ SPECS["ditto"] = AlgorithmSpec(
     "jaxfl.algorithms.ditto:ditto",
     "Ditto (Li 2023, ch. 5): personal models v_k, lambda/2 ||v_k - w||^2 to the global "
     "model of --ditto-global",
-        builder="jaxfl.algorithms.ditto:from_engine",
+    builder="jaxfl.algorithms.ditto:from_engine",
     hparams={**_LAM, **{h: s for g in DITTO_GLOBALS for h, s in SPECS[g].hparams.items()}},
     client_rows=1,
     personal_models=True,
@@ -548,7 +548,7 @@ SPECS["l2sgd"] = AlgorithmSpec(
     "jaxfl.algorithms.l2sgd:l2sgd",
     "L2SGD (Li 2023, App. 5.6.2): personal models w_k, lambda/2 ||w_k - mean of all w||^2; "
     "no server optimizer",
-        builder="jaxfl.algorithms.l2sgd:from_engine",
+    builder="jaxfl.algorithms.l2sgd:from_engine",
     hparams=_LAM,
     client_rows=1,
     personal_models=True,
@@ -558,7 +558,7 @@ SPECS["apfl"] = AlgorithmSpec(
     "jaxfl.algorithms.apfl:apfl",
     "APFL (Deng et al. 2020; Li 2023, App. 5.6.2): local models v_k beside FedAvg, personal model "
     "alpha v_k + (1 - alpha) w",
-        builder="jaxfl.algorithms.apfl:from_engine",
+    builder="jaxfl.algorithms.apfl:from_engine",
     hparams={
         "apfl_alpha": Setting(
             0.5, "alpha in [0, 1] of the personal model alpha v_k + (1 - alpha) w (0: the global model; 1: "
@@ -579,7 +579,7 @@ SPECS["mapper"] = AlgorithmSpec(
     "jaxfl.algorithms.mapper:mapper",
     "mapper (Mansour et al. 2020; Li 2023, App. 5.6.2): local models u_k and mixing weights lam_k "
     "chosen each round, personal model lam_k u_k + (1 - lam_k) w, w trained on the interpolated losses",
-        builder="jaxfl.algorithms.mapper:from_engine",
+    builder="jaxfl.algorithms.mapper:from_engine",
     options={
         "mapper_candidates": Setting(
             "0.25,0.5,0.75", "the mixing weights lam in [0, 1] each sampled client tries every round, "
@@ -594,7 +594,7 @@ SPECS["perfedavg"] = AlgorithmSpec(
     "jaxfl.algorithms.perfedavg:perfedavg",
     "Per-FedAvg (HF) (Fallah et al. 2020; Li 2023, App. 5.6.2): MAML-trained global model, personal "
     "model one step of size alpha on each client's data",
-        builder="jaxfl.algorithms.perfedavg:from_engine",
+    builder="jaxfl.algorithms.perfedavg:from_engine",
     hparams={
         **_PERFEDAVG_ALPHA,
         "perfedavg_delta": Setting(
@@ -608,7 +608,7 @@ SPECS["scaffold"] = AlgorithmSpec(
     "jaxfl.algorithms.scaffold:scaffold",
     "SCAFFOLD (Karimireddy et al. 2020): local steps corrected by control variates c - c_i; "
     "c_i kept per client",
-        builder="jaxfl.algorithms.scaffold:from_engine",
+    builder="jaxfl.algorithms.scaffold:from_engine",
     options={
         "scaffold_option": Setting(
             2, "the control-variate update c_i+ of Karimireddy et al. 2020, Algorithm 1: 1 = the client's "
@@ -688,13 +688,6 @@ def algorithm_settings() -> dict[str, Setting]:
             if declared.setdefault(setting, declaration) != declaration:
                 raise ValueError(f"{name} declares {setting} unlike the entries before it")
     return declared
-
-
-def option_default(setting: str) -> Any:
-    """The default of static option `setting` (the same in every entry that declares it)."""
-    if setting not in algorithm_settings():
-        raise ValueError(f"{setting} is declared by no entry")
-    return algorithm_settings()[setting].default
 
 
 def setting_users(setting: str) -> list[str]:

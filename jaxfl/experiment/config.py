@@ -363,50 +363,33 @@ class _RunConfigMethods:
 # The sections of the settings (`jaxfl run --help` groups its flags so): each
 # run-level section runs from its first field to the next one's; the
 # algorithms' settings join the section their declaration names.
+_ALGORITHM_TITLE = "algorithm settings (each says which algorithms read it)"
+_PRIVACY_TITLE = "differential privacy"
 SECTIONS = (
     ("what runs", "task"),
     ("model", "model"),
     ("training", "rounds"),
-    ("algorithm settings (each says which algorithms read it)", None),
+    (_ALGORITHM_TITLE, None),
     ("personalization", "client_state"),
     ("robust aggregation and attacks", "aggregator"),
     ("compressed updates", "compression"),
     ("simulated clock", "availability"),
-    ("differential privacy", None),
+    (_PRIVACY_TITLE, None),
     ("execution", "strategy"),
     ("evaluation", "eval_every"),
     ("seed, output and checkpoints", "seed"),
 )
-_ALGORITHM_SECTIONS = {
-    "algorithm": "algorithm settings (each says which algorithms read it)",
-    "privacy": "differential privacy",
-}
+# The section of each algorithm setting's declared `section`.
+_ALGORITHM_SECTIONS = {"algorithm": _ALGORITHM_TITLE, "privacy": _PRIVACY_TITLE}
 
-
-_RUN_LEVEL = {field.name for field in dataclasses.fields(_RunLevelSettings)}
-
-
-def _sections() -> dict[str, list[tuple[str, str, dataclasses.Field]]]:
-    """Section title -> its fields as (name, type, field), run-level ones first."""
-    starts = {first: title for title, first in SECTIONS if first is not None}
-    sections: dict[str, list] = {title: [] for title, _ in SECTIONS}
-    title = None
-    for field in dataclasses.fields(_RunLevelSettings):
-        title = starts.get(field.name, title)
-        sections[title].append((field.name, field.type, field))
-    for name, setting in algorithm_settings().items():
-        help_text = f"{', '.join(setting_users(name))}: {setting.help}"
-        sections[_ALGORITHM_SECTIONS[setting.section]].append(
-            (name, setting.annotation, setting.field(help=help_text))
-        )
-    return sections
-
-
-_SECTIONS = _sections()
-# The run-level fields first (as declared), then the algorithms' (in registration order).
+# The run-level fields first (as declared), then the algorithms' (in registration order), each
+# algorithm setting's help prefixed with the algorithms that read it.
 RunConfig = dataclasses.make_dataclass(
     "RunConfig",
-    [entry for fields in _SECTIONS.values() for entry in fields if entry[0] not in _RUN_LEVEL],
+    [
+        (name, setting.annotation, setting.field(help=f"{', '.join(setting_users(name))}: {setting.help}"))
+        for name, setting in algorithm_settings().items()
+    ],
     bases=(_RunLevelSettings, _RunConfigMethods),
     frozen=True,
 )
@@ -417,9 +400,18 @@ flags are the same names with dashes (`clients_per_round` -> `--clients-per-roun
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
+
 def section_fields() -> dict[str, list[str]]:
-    """Section title -> its fields, in order (`SECTIONS`)."""
-    return {title: [name for name, _, _ in fields] for title, fields in _SECTIONS.items()}
+    """Section title -> its fields, in order (`SECTIONS`): run-level ones first, then the algorithms'."""
+    starts = {first: title for title, first in SECTIONS if first is not None}
+    sections: dict[str, list[str]] = {title: [] for title, _ in SECTIONS}
+    title = None
+    for field in dataclasses.fields(_RunLevelSettings):
+        title = starts.get(field.name, title)
+        sections[title].append(field.name)
+    for name, setting in algorithm_settings().items():
+        sections[_ALGORITHM_SECTIONS[setting.section]].append(name)
+    return sections
 
 
 # Every integer setting is an int32 in the compiled round or a host-side

@@ -21,7 +21,6 @@ References:
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import jax
@@ -70,16 +69,24 @@ def clip_update(update: PyTree, clip_norm) -> tuple[PyTree, jax.Array]:
     Raises:
       ValueError: a static `clip_norm` that is negative or NaN.
     """
-    if isinstance(clip_norm, numbers.Real) and not clip_norm >= 0:
-        raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
+    _check_clip_norm(clip_norm)
     finite = _finite(update)
-    leaves = jax.tree.leaves(finite)
-    squared = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
-    norm = jnp.sqrt(jnp.asarray(squared, jnp.float32))
+    norm = _global_norm(finite)
     scale = _clip_scale(norm, clip_norm)
     # Multiplying by exactly 1.0 keeps updates inside the ball bit-identical.
     clipped = jax.tree.map(lambda x: x * scale.astype(x.dtype), finite)
     return clipped, norm
+
+
+def _check_clip_norm(clip_norm) -> None:
+    if isinstance(clip_norm, numbers.Real) and not clip_norm >= 0:
+        raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
+
+
+def _global_norm(update: PyTree) -> jax.Array:
+    """The float32 l2 norm over all leaves."""
+    squared = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(update))
+    return jnp.sqrt(jnp.asarray(squared, jnp.float32))
 
 
 def _finite(update: PyTree) -> PyTree:
@@ -107,14 +114,9 @@ def clipped_sum(updates: PyTree, clip_norm, weights: jax.Array | None = None) ->
     norm into every output element of the sum). Equal to `clip_updates` then a sum up to float
     reassociation.
     """
-    if isinstance(clip_norm, numbers.Real) and not clip_norm >= 0:
-        raise ValueError(f"clip_norm must be >= 0, got {clip_norm}")
+    _check_clip_norm(clip_norm)
     finite = _finite(updates)
-    squared = sum(
-        jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], math.prod(x.shape[1:])), axis=1)
-        for x in jax.tree.leaves(finite)
-    )
-    norms = jnp.sqrt(squared)
+    norms = jax.vmap(_global_norm)(finite)  # `clip_updates`'s norms, computed the same way
     scales = _clip_scale(norms, clip_norm)
     if weights is not None:
         scales = jnp.asarray(weights, jnp.float32) * scales
