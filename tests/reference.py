@@ -49,11 +49,12 @@ def softmax_regression_grad(kernel, bias, x, y):
 
 def local_sgd_reference(
     kernel, bias, x, y, orders, *, batch_size, num_epochs, lr, l2=0.0, mu=0.0,
-    max_steps=None, correction=(0.0, 0.0),
+    max_steps=None, correction=(0.0, 0.0), preconditioner=(1.0, 1.0),
 ):
     """Minibatch SGD over `orders[e]` (the engine's epoch orders), real steps only.
 
-    `correction` (kernel, bias) is added to every step's gradient (control variates).
+    `correction` (kernel, bias) is added to every step's gradient (control variates), which is then
+    divided by `preconditioner` (kernel, bias) entry by entry.
     """
     kernel, bias = np.array(kernel, np.float64), np.array(bias, np.float64)
     anchor_kernel, anchor_bias = kernel.copy(), bias.copy()
@@ -66,8 +67,8 @@ def local_sgd_reference(
                 return kernel, bias, steps
             rows = order[start : start + batch_size]
             g_kernel, g_bias, _ = softmax_regression_grad(kernel, bias, x[rows], y[rows])
-            g_kernel = g_kernel + mu * (kernel - anchor_kernel) + correction[0]
-            g_bias = g_bias + mu * (bias - anchor_bias) + correction[1]
+            g_kernel = (g_kernel + mu * (kernel - anchor_kernel) + correction[0]) / preconditioner[0]
+            g_bias = (g_bias + mu * (bias - anchor_bias) + correction[1]) / preconditioner[1]
             kernel = (1 - lr * l2) * kernel - lr * g_kernel
             bias = (1 - lr * l2) * bias - lr * g_bias
             steps += 1

@@ -2,7 +2,8 @@
 
 One round (McMahan, Ramage, Talwar, Zhang, Learning Differentially Private
 Recurrent Language Models, ICLR 2018, with fixed-size cohorts; Li 2023
-(thesis), Algorithm 10 with A = 1, Section 6.4.2 and Appendix 6.6; the
+(thesis), Algorithm 10 with A = 1 (`jaxfl.algorithms.adadps` for any A),
+Section 6.4.2 and Appendix 6.6; the
 baseline of Pillutla et al. 2023, Section 7.7 and Appendix D.2):
 
 1. sample m of the n training clients uniformly without replacement;
@@ -77,31 +78,9 @@ def dp_fedavg(
       The `FederatedAlgorithm`.
     """
 
-    def aggregate(
-        results: CohortResults,
-        cohort: stages.Cohort,
-        plan: stages.ClientPlan,
-        state: ServerState,
-        key: Key,
-    ) -> stages.Aggregation:
+    def aggregate(results, cohort, plan, state, key) -> stages.Aggregation:
         del cohort, plan  # Unused: every sampled client contributes.
-        everyone = jnp.ones(results.client_ids.shape, bool)
-        released = noisy_clipped_sum(
-            key,
-            results.deltas,
-            everyone,
-            clip_norm=state.hparams["clip_norm"],
-            noise_multiplier=state.hparams[NOISE_MULTIPLIER],
-        )
-        # The public denominator m (a Python int), not a data-dependent count.
-        mean_delta = jax.tree.map(lambda x: x / clients_per_round, released.total)
-        metrics = {
-            "clipped_fraction": jnp.mean(released.clipped.astype(jnp.float32)),
-            "mean_update_norm": jnp.mean(released.update_norms),
-        }
-        return stages.Aggregation(
-            mean_delta, everyone.astype(jnp.float32), state.extra, metrics
-        )
+        return private_mean(results, state, key, clients_per_round, state.hparams["clip_norm"])
 
     return stages.compose_round(
         "dp-fedavg",
@@ -114,11 +93,48 @@ def dp_fedavg(
     )
 
 
+def private_mean(
+    results: CohortResults,
+    state: ServerState,
+    key: Key,
+    clients_per_round: int,
+    clip_norm: jax.Array,
+) -> stages.Aggregation:
+    """Steps 2-4 of the module docstring: the clipped noisy sum of the cohort's updates over m.
+
+    Args:
+      results: the cohort's updates.
+      state: the server state (its hparams' noise multiplier; its extra is passed on).
+      key: the noise key.
+      clients_per_round: m, the public denominator.
+      clip_norm: C (a traced scalar).
+
+    Returns:
+      The `Aggregation`: the released mean, unit weights and the clipping diagnostics.
+    """
+    everyone = jnp.ones(results.client_ids.shape, bool)
+    released = noisy_clipped_sum(
+        key,
+        results.deltas,
+        everyone,
+        clip_norm=clip_norm,
+        noise_multiplier=state.hparams[NOISE_MULTIPLIER],
+    )
+    # The public denominator m (a Python int), not a data-dependent count.
+    mean_delta = jax.tree.map(lambda x: x / clients_per_round, released.total)
+    metrics = {
+        "clipped_fraction": jnp.mean(released.clipped.astype(jnp.float32)),
+        "mean_update_norm": jnp.mean(released.update_norms),
+    }
+    return stages.Aggregation(mean_delta, everyone.astype(jnp.float32), state.extra, metrics)
+
+
+def private_round_options(engine: Engine) -> dict[str, Any]:
+    """The engine's round options but the client weighting: a DP sum counts every client once."""
+    return {name: value for name, value in engine.round_options().items() if name != "client_weighting"}
+
+
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """DP-FedAvg as the registry builds it for a run (uniform weights: no client weighting)."""
     del options  # None.
-    return dp_fedavg(
-        engine.task, engine.local, engine.clients_per_round, strategy=engine.strategy,
-        server_tx=engine.server_tx, robustness=engine.robustness, compression=engine.compression,
-        clock=engine.clock,
-    )
+    return dp_fedavg(engine.task, engine.local, engine.clients_per_round, **private_round_options(engine))

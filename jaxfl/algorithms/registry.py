@@ -192,6 +192,9 @@ class AlgorithmSpec:
       step_arrivals: for an asynchronous algorithm (its rounds are server
         steps of clients on the simulated clock), `clients_per_round -> the
         arrivals each server step takes`; None for a synchronous one.
+      server_optimizer: the server optimizer the algorithm is defined with
+        (DP-FedAdam's adam), in place of the run's default one, with the
+        run's server settings; None: the run's `--server-optimizer`.
     """
 
     factory: str
@@ -209,6 +212,7 @@ class AlgorithmSpec:
     adapts_after_training: bool = False
     builder: str | None = None
     step_arrivals: Callable[[int], int] | None = None
+    server_optimizer: str | None = None
 
     @property
     def option_defaults(self) -> dict[str, Any]:
@@ -646,6 +650,60 @@ SPECS["qmaml"] = AlgorithmSpec(
     "q-MAML (Li 2023, Appendix 4.6.2): q-FFL's weighting of first-order MAML meta-gradients",
     hparams={**_Q, **_PERFEDAVG_ALPHA},
     full_batch=_always,
+)
+
+SPECS["adadps"] = AlgorithmSpec(
+    "jaxfl.algorithms.adadps:adadps",
+    "AdaDPS-FL (Li 2023, Alg. 10): DP-FedAvg whose local gradients are divided by public side "
+    "information A; DP-FedAvg's privacy",
+    builder="jaxfl.algorithms.adadps:from_engine",
+    hparams=_DP_UPDATES,
+    options={
+        "side_information": Setting(
+            None, "an .npz file of the side information A: one array per parameter, named by its path "
+            "('dense/kernel'), broadcastable to its shape, finite and > 0; public knowledge only, never "
+            "the training clients' data (unset: A = 1, DP-FedAvg)", type="str | None", optional=True,
+            section="privacy",
+        )
+    },
+    privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
+    privacy_settings=_DP_BUDGET,
+)
+SPECS["dp-fedadam"] = AlgorithmSpec(
+    "jaxfl.algorithms.dp_fedavg:dp_fedavg",
+    "DP-FedAdam (Li 2023, Section 6.4.2): DP-FedAvg with the adam server optimizer on its noisy mean",
+    builder="jaxfl.algorithms.dp_fedavg:from_engine",
+    hparams=_DP_UPDATES,
+    privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
+    privacy_settings=_DP_BUDGET,
+    server_optimizer="adam",
+)
+SPECS["dp2"] = AlgorithmSpec(
+    "jaxfl.algorithms.dp2:dp2",
+    "DP^2-FL (Li et al. 2023; Li 2023, Alg. 11): DP-FedAvg rounds alternating SGD and RMSProp phases, "
+    "local gradients divided by a delayed second moment of the released updates; DP-FedAvg's privacy",
+    builder="jaxfl.algorithms.dp2:from_engine",
+    hparams={
+        **_DP_UPDATES,
+        "dp2_sgd_rounds": Setting(10, "s1: rounds of each private SGD phase", low=1),
+        "dp2_rmsprop_rounds": Setting(10, "s2: rounds of each private RMSProp (preconditioned) phase", low=1),
+        "dp2_beta": Setting(0.9, "beta in [0, 1) of the second moment's refresh (rmsprop, yogi)",
+                            low=0.0, high=1.0, high_open=True),
+        "dp2_eps": Setting(1e-3, "eps > 0 of the preconditioner sqrt(v) + eps", low=0.0, low_open=True),
+        "dp2_lr": Setting(0.01, "local learning rate of the RMSProp phase (--lr is the SGD phase's)",
+                          low=0.0, low_open=True),
+        "dp2_clip_norm": Setting(1.0, "update clip C2 > 0 of the RMSProp phase (--clip-norm is the SGD "
+                                 "phase's)", low=0.0, low_open=True, section="privacy"),
+    },
+    options={
+        "dp2_variant": Setting(
+            "rmsprop", "how the delayed second moment v is refreshed from the last SGD phase's mean "
+            "pseudo-gradient g: rmsprop (beta v + (1 - beta) g^2), adagrad (v + g^2), yogi",
+            choices=("rmsprop", "adagrad", "yogi"),
+        )
+    },
+    privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
+    privacy_settings=_DP_BUDGET,
 )
 
 # Algorithms that keep per-client state, and how many model-sized rows per

@@ -245,6 +245,10 @@ class ClientUpdateStage(NamedTuple):
         gradient corrections added to every local step
         (`LocalHParams.correction`: SCAFFOLD's c - c_i, FedDane's global
         minus local gradient), or None.
+      preconditioner: `state -> ` a tree like the parameters dividing every
+        local gradient coordinate by coordinate (`LocalHParams.
+        preconditioner`: AdaDPS's side information, DP^2's delayed second
+        moment), computed from the server's state alone, or None.
       finalize: `(state, rows, results, lr, cohort data) -> (new rows,
         outputs)` after training (`cohort data`: the cohort's ids, the
         population holding their examples and their slots in it,
@@ -266,6 +270,7 @@ class ClientUpdateStage(NamedTuple):
     step_reads_rows: bool = False
     init_row: InitRow | None = None
     correction: Correction | None = None
+    preconditioner: Callable[[ServerState], Params] | None = None
     finalize: Finalize | None = None
     side_messages: int = 0
     hparam_defaults: Mapping[str, float] = {}
@@ -669,6 +674,7 @@ class _ComposedRound:
             lr=lr,
             l2=state.hparams["l2"] if update.l2 else None,
             prox_mu=None if update.proximal is None else state.hparams[update.proximal],
+            preconditioner=None if update.preconditioner is None else update.preconditioner(state),
         )
         clients, personal_metrics = state.clients, {}
         if c.personal is not None:

@@ -305,7 +305,8 @@ def run_header(run_setup, config: RunConfig) -> str:
         )
     if config.aggregator != "mean":
         robustness.append(f"aggregator {config.aggregator}")
-    lines.append(f"running {', '.join(config.algorithms)}" + (f": {'; '.join(robustness)}" if robustness else ""))
+    details = f": {'; '.join(robustness)}" if robustness else ""
+    lines.append(f"running {', '.join(config.algorithms)}{details}")
     sampled = evaluation_line(run_setup)
     if sampled is not None:
         lines.append(sampled)
@@ -315,7 +316,8 @@ def run_header(run_setup, config: RunConfig) -> str:
 def timing_text(timing: dict[str, Any]) -> str:
     """Compilation, training and evaluation apart: the first call compiles and runs its rounds too."""
     rounds = int(timing.get("rounds_per_call") or 1)
-    first = f"first call {timing.get('compile_s', 0.0):.1f} s (compiling, and {rounds} round{'s' * (rounds > 1)})"
+    first = f"first call {timing.get('compile_s', 0.0):.1f} s "
+    first += f"(compiling, and {rounds} round{'s' * (rounds > 1)})"
     training = timing.get("train_s", 0.0) - timing.get("compile_s", 0.0)
     return f"{first}, later rounds {training:.1f} s, evaluation {timing.get('evaluation_s', 0.0):.1f} s"
 

@@ -187,10 +187,11 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
     return clock
 
 
-def run_server_optimizer(config: RunConfig):
-    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`)."""
+def run_server_optimizer(config: RunConfig, name: str | None = None):
+    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`), or the one `name`d with the
+    run's server settings."""
     return server_optimizer(
-        config.server_optimizer,
+        name or config.server_optimizer,
         config.server_lr,
         momentum=config.server_momentum,
         beta1=config.server_beta1,
@@ -224,7 +225,8 @@ def ignored_settings(
     for name, algorithm in algorithms.items():
         spec = algorithm_spec(name)
         used.update(hparam_fields(name, algorithm), spec.options, spec.privacy_settings)
-    used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if config.server_optimizer in users)
+    optimizers = {algorithm_spec(name).server_optimizer or config.server_optimizer for name in algorithms}
+    used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if optimizers & set(users))
     # Fine-tuning serves the algorithms without personal models of their own; the
     # client-state layout, those with per-client state.
     if any(n not in PERSONAL_MODEL_ALGORITHMS and a.personalize is None for n, a in algorithms.items()):
@@ -416,6 +418,15 @@ def setup(config: RunConfig) -> Setup:
     return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
 
 
+def algorithm_engine(config: RunConfig, engine: Engine, name: str) -> Engine:
+    """The engine `name` is built on: the run's, with the entry's own server optimizer where it names one
+    (DP-FedAdam's adam; `AlgorithmSpec.server_optimizer`)."""
+    own = algorithm_spec(name).server_optimizer
+    if own is None:
+        return engine
+    return dataclasses.replace(engine, server_tx=run_server_optimizer(config, own))
+
+
 def build_algorithms(
     config: RunConfig, engine: Engine, num_train: int
 ) -> tuple[dict[str, FederatedAlgorithm], dict[str, dict[str, float]]]:
@@ -428,7 +439,7 @@ def build_algorithms(
     for name in config.algorithms:
         try:
             algorithms[name] = build_algorithm(
-                name, engine, algorithm_options(config, name)
+                name, algorithm_engine(config, engine, name), algorithm_options(config, name)
             )
         except ValueError as error:
             raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None

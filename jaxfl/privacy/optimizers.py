@@ -243,6 +243,19 @@ def dp_rmsprop(
     )
 
 
+def delayed_second_moment(variant: str, beta, v: jax.Array, mean: jax.Array) -> jax.Array:
+    """DP^2's refresh of the second moment v from the mean g of the last SGD phase's privatized gradients.
+
+    rmsprop: beta v + (1 - beta) g^2; adagrad: v + g^2; yogi (Zaheer et al. 2018):
+    v - (1 - beta) sign(v - g^2) g^2 (Li 2023, Algorithm 11 and Section 6.14).
+    """
+    if variant == "rmsprop":
+        return beta * v + (1 - beta) * mean**2
+    if variant == "adagrad":
+        return v + mean**2
+    return v - (1 - beta) * jnp.sign(v - mean**2) * mean**2
+
+
 class Dp2State(NamedTuple):
     """DP^2's step t, delayed second moment v and privatized gradients G summed since the last reset."""
 
@@ -287,13 +300,6 @@ def dp2(
         _check_privatize(clip_norm, noise_multiplier, 1)
     cycle = sgd_steps + rmsprop_steps
 
-    def moved(v, mean):
-        if variant == "rmsprop":
-            return beta * v + (1 - beta) * mean**2
-        if variant == "adagrad":
-            return v + mean**2
-        return v - (1 - beta) * jnp.sign(v - mean**2) * mean**2
-
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return Dp2State(count=jnp.zeros((), jnp.int32), second=zeros, accumulated=zeros)
@@ -304,7 +310,9 @@ def dp2(
         accumulated = jax.tree.map(lambda g: jnp.where(phase == 0, 0.0, g), state.accumulated)
         refresh = phase == sgd_steps
         second = jax.tree.map(
-            lambda v, g: jnp.where(refresh, moved(v, g / sgd_steps), v), state.second, accumulated
+            lambda v, g: jnp.where(refresh, delayed_second_moment(variant, beta, v, g / sgd_steps), v),
+            state.second,
+            accumulated,
         )
         accumulated = jax.tree.map(lambda g: jnp.where(refresh, 0.0, g), accumulated)
         rmsprop_phase = phase >= sgd_steps

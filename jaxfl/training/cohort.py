@@ -174,8 +174,12 @@ def train_cohort(
 
 
 def _kernel_takes(hparams: LocalHParams) -> bool:
-    """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term)."""
-    return hparams.prox_weights is None and hparams.kl_mu is None and hparams.correction is None
+    """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term, no
+    correction, no preconditioner)."""
+    return (
+        hparams.prox_weights is None and hparams.kl_mu is None and hparams.correction is None
+        and hparams.preconditioner is None
+    )
 
 
 def _train_cohort_fused(

@@ -233,7 +233,10 @@ class LocalHParams(NamedTuple):
     predictive distributions to the minimized loss (SKL, Li 2023, Appendix 5.6.2;
     `mean_symmetrized_kl`). `correction` (a tree like the parameters) is
     added to every step's gradient: a control variate, c - c_i in SCAFFOLD
-    (Karimireddy et al. 2020, Algorithm 1), -g_i in FedDyn.
+    (Karimireddy et al. 2020, Algorithm 1), -g_i in FedDyn. `preconditioner`
+    (a tree like the parameters, entries > 0) divides every step's gradient,
+    the terms above included, coordinate by coordinate: w <- w - lr g / A,
+    AdaDPS's local step with side information A (Li 2023, Algorithm 10).
     """
 
     lr: jax.Array
@@ -242,6 +245,7 @@ class LocalHParams(NamedTuple):
     prox_weights: Params | None = None
     kl_mu: jax.Array | None = None
     correction: Params | None = None
+    preconditioner: Params | None = None
 
 
 class LocalResult(NamedTuple):
@@ -510,6 +514,8 @@ def local_sgd(
             )
         if hparams.correction is not None:
             grads = jax.tree.map(jnp.add, grads, hparams.correction)
+        if hparams.preconditioner is not None:
+            grads = jax.tree.map(jnp.divide, grads, hparams.preconditioner)
         return sgd_update(params, grads, hparams), loss
 
     def skip_step(step, params):

@@ -128,6 +128,7 @@ def reference_rounds(
     aggregate=None,
     compress=None,
     select=None,
+    preconditioner=None,
     population=POPULATION,
 ):
     """Rounds of the template in NumPy float64, one client at a time.
@@ -153,6 +154,8 @@ def reference_rounds(
         server receives in place of the clients' updates, or None.
       select: `select(round, sampling key, memory) -> ids`, the cohort in
         place of `sample_cohort`'s, or None.
+      preconditioner: `preconditioner(round, memory) -> (kernel, bias)`
+        dividing every local gradient of that round, or None.
       population: the clients.
 
     Returns:
@@ -185,6 +188,7 @@ def reference_rounds(
         )
         active = np.asarray(decision.get("active", np.ones(len(ids), bool)))
         epochs = decision.get("epochs", [local.num_epochs] * len(ids))
+        divisor = (1.0, 1.0) if preconditioner is None else preconditioner(r, memory)
         deltas = []
         for j, (i, d) in enumerate(zip(ids, data, strict=True)):
             if not active[j]:
@@ -214,6 +218,7 @@ def reference_rounds(
                     lr=lr,
                     l2=l2,
                     mu=mu,
+                    preconditioner=divisor,
                 )
             deltas.append((k - kernel, b - bias))
         if compress is not None:

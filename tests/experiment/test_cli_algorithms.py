@@ -187,6 +187,29 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
     assert ignored(algorithm="fedavg,apfl", finetune_epochs=2) == ()
 
 
+def test_dp_fedadam_steps_with_adam_and_the_runs_server_settings():
+    import jax
+    import optax
+
+    from jaxfl.algorithms.base import server_optimizer
+
+    base = dict(clients_per_round=5, server_beta1=0.5, rounds=4, epsilon=8.0, dataset_options=dict(
+        num_train_clients=40, num_validation_clients=0, num_test_clients=20, pool_size=20000))
+    run_setup = setup(make_config({**base, "algorithm": "dp-fedavg,dp-fedadam"}))
+    # The run's --server-optimizer (sgd) for dp-fedavg, adam for dp-fedadam; beta1 is read, not ignored.
+    assert run_setup.ignored_settings == ()
+    params = run_setup.engine.task.model.init(jax.random.key(0))
+    opt_states = {
+        name: algorithm.init(params, {}).opt_state for name, algorithm in run_setup.algorithms.items()
+    }
+    adam = server_optimizer("adam", 1.0, beta1=0.5)
+    assert jax.tree.structure(opt_states["dp-fedadam"]) == jax.tree.structure(adam.init(params))
+    assert jax.tree.structure(opt_states["dp-fedavg"]) != jax.tree.structure(adam.init(params))
+    found = [s for s in jax.tree.leaves(opt_states["dp-fedadam"], is_leaf=lambda x: isinstance(
+        x, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
+    assert len(found) == 1
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -232,7 +255,9 @@ def test_bad_algorithm_settings_exit_2_with_one_line(args, words, tmp_path, caps
 
 
 @pytest.mark.slow
-def test_scaffold_control_variates_in_host_memory_resume_to_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
+def test_scaffold_control_variates_in_host_memory_resume_to_the_uninterrupted_run(
+    tmp_path, monkeypatch, capsys
+):
     # SCAFFOLD's c_i are per-client state that is not a model: kept in host memory, checkpointed
     # with the run and resumed, they give the uninterrupted run's results (its record); no personal
     # models.

@@ -9,6 +9,7 @@ import json
 import dp_accounting
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
+from privacy.test_independent_accounting import ORDERS, eps_from_rdp, wor_rdp
 from reference import assert_cli_refuses
 
 from jaxfl.cli import main
@@ -38,7 +39,7 @@ PRIVACY_KEYS = {
 def dp_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "dp"
     status = main(
-        ["run", *TINY, "--algorithm", "dp-fedavg,dp-deltafl", "--epsilon", "8",
+        ["run", *TINY, "--algorithm", "dp-fedavg,dp-deltafl,adadps,dp2,dp-fedadam", "--epsilon", "8",
          "--clip-norm", "0.7", "--out", str(out)]
     )  # fmt: skip
     assert status == 0
@@ -85,6 +86,19 @@ def test_summary_has_the_privacy_object(dp_run):
     assert deltafl["epsilon_without_amplification"] > deltafl["epsilon"]
     config = json.loads((dp_run / "dp-deltafl" / "config.json").read_text())
     assert config["epsilon"] == 8.0 and config["delta"] is None
+
+
+def test_the_preconditioned_and_adaptive_variants_calibrate_dp_fedavgs_noise(dp_run):
+    # Their preconditioners read public side information or released updates only, so each releases
+    # what DP-FedAvg releases: at the same --epsilon the same noise multiplier, and the same epsilon,
+    # recomputed here from the hand-composed RDP of sampling without replacement (WBK19).
+    fedavg = json.loads((dp_run / "dp-fedavg" / "summary.json").read_text())["privacy"]
+    for name in ("adadps", "dp2", "dp-fedadam"):
+        privacy = json.loads((dp_run / name / "summary.json").read_text())["privacy"]
+        assert privacy["noise_multiplier"] == fedavg["noise_multiplier"], name
+        hand = eps_from_rdp(ORDERS, 4 * wor_rdp(5 / 40, privacy["noise_multiplier"]), 1 / 40)
+        assert privacy["epsilon"] == pytest.approx(hand, rel=1e-3), name
+        assert privacy["sensitivity"] == pytest.approx(1.4)
 
 
 def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, capsys):
@@ -265,4 +279,5 @@ def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
     assert "neither epsilon holds against whoever knows it" in format_privacy("dp-fedavg", privacy, given)
     # Several DP models of the same clients: basic composition, said once.
     assert composition_note(1) is None
-    assert "3 models" in composition_note(3) and "sum of their epsilons, sum of their deltas" in composition_note(3)
+    note = composition_note(3)
+    assert "3 models" in note and "sum of their epsilons, sum of their deltas" in note
