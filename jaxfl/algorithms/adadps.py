@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS, private_mean, private_round_options
+from jaxfl.algorithms.dp_fedavg import private_averaging, private_round_options
 from jaxfl.algorithms.registry import Engine
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Params
@@ -137,34 +137,17 @@ def adadps(
     Raises:
       ValueError: side information that does not fit the model (see `side_information_tree`).
     """
-    preconditioner = None
-    if side_information is not None:
-        if isinstance(side_information, str):
-            side_information = load_side_information(side_information)
-        shapes = jax.eval_shape(task.model.init, jax.random.key(0))
-        divisor = side_information_tree(shapes, side_information)
-        preconditioner = lambda state: state.extra  # noqa: E731
-
-    def aggregate(results, cohort, plan, state, key) -> stages.Aggregation:
-        del cohort, plan  # Unused: every sampled client contributes.
-        return private_mean(results, state, key, clients_per_round, state.hparams["clip_norm"])
-
-    return stages.compose_round(
-        "adadps",
-        task,
-        clients_per_round,
-        select=stages.SelectStage(),
-        client_update=stages.ClientUpdateStage(local=local, preconditioner=preconditioner),
-        aggregate=stages.AggregateStage(
-            aggregate=aggregate,
-            hparam_defaults=DP_HPARAM_DEFAULTS,
-            # A copy per state: states are donated.
-            init=(lambda params: jax.tree.map(jnp.copy, divisor))
-            if preconditioner is not None else stages.AggregateStage().init,
-        ),
-        **stages.uniform_weights("adadps", options),
+    if side_information is None:
+        return private_averaging("adadps", task, local, clients_per_round, **options)
+    if isinstance(side_information, str):
+        side_information = load_side_information(side_information)
+    divisor = side_information_tree(jax.eval_shape(task.model.init, jax.random.key(0)), side_information)
+    return private_averaging(
+        "adadps", task, local, clients_per_round,
+        preconditioner=lambda state: state.extra,
+        init=lambda params: jax.tree.map(jnp.copy, divisor),  # A copy per state: states are donated.
+        **options,
     )
-
 
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """AdaDPS-FL as the registry builds it for a run (uniform weights, as DP-FedAvg)."""

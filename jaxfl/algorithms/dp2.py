@@ -50,7 +50,12 @@ import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, local_learning_rate
-from jaxfl.algorithms.dp_fedavg import DP_HPARAM_DEFAULTS, private_mean, private_round_options
+from jaxfl.algorithms.dp_fedavg import (
+    DP_HPARAM_DEFAULTS,
+    private_averaging,
+    private_mean,
+    private_round_options,
+)
 from jaxfl.algorithms.registry import Engine
 from jaxfl.privacy.optimizers import DP2_VARIANTS, delayed_second_moment
 from jaxfl.training.local import LocalTraining, Task
@@ -150,16 +155,10 @@ def dp2(
         metrics = {**aggregation.metrics, "dp2_rmsprop_phase": rmsprop.astype(jnp.float32)}
         return aggregation._replace(extra=Dp2Moments(second, accumulated), metrics=metrics)
 
-    return stages.compose_round(
-        "dp2",
-        task,
-        clients_per_round,
-        select=stages.SelectStage(),
-        client_update=stages.ClientUpdateStage(local=local, preconditioner=preconditioner),
-        aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults=DP2_HPARAM_DEFAULTS, init=init),
-        **stages.uniform_weights("dp2", options),
+    return private_averaging(
+        "dp2", task, local, clients_per_round, preconditioner=preconditioner, aggregate=aggregate,
+        hparam_defaults=DP2_HPARAM_DEFAULTS, init=init, **options,
     )
-
 
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """DP^2-FL as the registry builds it for a run (uniform weights, as DP-FedAvg)."""

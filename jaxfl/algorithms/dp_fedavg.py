@@ -43,7 +43,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
 import jax
@@ -56,7 +56,7 @@ from jaxfl.privacy.budget import NOISE_MULTIPLIER
 from jaxfl.privacy.noise import noisy_clipped_sum
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
-from jaxfl.types import Key
+from jaxfl.types import Key, Params
 
 DP_HPARAM_DEFAULTS = {"clip_norm": 1.0, NOISE_MULTIPLIER: math.nan}
 
@@ -78,18 +78,52 @@ def dp_fedavg(
       The `FederatedAlgorithm`.
     """
 
-    def aggregate(results, cohort, plan, state, key) -> stages.Aggregation:
+    return private_averaging("dp-fedavg", task, local, clients_per_round, **options)
+
+
+def private_averaging(
+    name: str,
+    task: Task,
+    local: LocalTraining,
+    clients_per_round: int,
+    *,
+    preconditioner: Callable[[ServerState], Params] | None = None,
+    aggregate: stages.Aggregate | None = None,
+    hparam_defaults: Mapping[str, float] = DP_HPARAM_DEFAULTS,
+    init: Callable[[Params], Any] | None = None,
+    **options: Unpack[stages.RoundOptions],
+) -> FederatedAlgorithm:
+    """DP-FedAvg's round with the local gradients divided by `preconditioner(state)` (AdaDPS-FL, DP^2-FL).
+
+    Args:
+      name: the algorithm's name.
+      task, local, clients_per_round: as `dp_fedavg`'s.
+      preconditioner: `state -> ` the divisor of every local gradient, from the
+        server's state alone (`stages.ClientUpdateStage.preconditioner`), or None.
+      aggregate: the aggregate stage's rule, by default `private_mean` with C =
+        'clip_norm'; another must release what `private_mean` releases.
+      hparam_defaults: the numeric hyperparameters, DP-FedAvg's among them.
+      init: `params -> ` the algorithm's state (`state.extra`), or None.
+
+    Returns:
+      The `FederatedAlgorithm`, client weights uniform.
+    """
+
+    def released_mean(results, cohort, plan, state, key) -> stages.Aggregation:
         del cohort, plan  # Unused: every sampled client contributes.
         return private_mean(results, state, key, clients_per_round, state.hparams["clip_norm"])
 
+    state_init = {} if init is None else {"init": init}
     return stages.compose_round(
-        "dp-fedavg",
+        name,
         task,
         clients_per_round,
         select=stages.SelectStage(),
-        client_update=stages.ClientUpdateStage(local=local),
-        aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults=DP_HPARAM_DEFAULTS),
-        **stages.uniform_weights("dp-fedavg", options),
+        client_update=stages.ClientUpdateStage(local=local, preconditioner=preconditioner),
+        aggregate=stages.AggregateStage(
+            aggregate=aggregate or released_mean, hparam_defaults=hparam_defaults, **state_init
+        ),
+        **stages.uniform_weights(name, options),
     )
 
 
