@@ -47,14 +47,34 @@ def softmax_regression_grad(kernel, bias, x, y):
     return x.T @ probs, probs.sum(axis=0), loss
 
 
+def tilted_risk_reference(losses, tilt):
+    """(1/t) log mean exp(t f) in float64 (the mean at t = 0), and its weights softmax(t f)."""
+    losses = np.asarray(losses, np.float64)
+    if tilt == 0:
+        return losses.mean(), np.full(len(losses), 1 / len(losses))
+    shifted = tilt * losses - np.max(tilt * losses)
+    weights = np.exp(shifted) / np.exp(shifted).sum()
+    return (np.log(np.mean(np.exp(shifted))) + np.max(tilt * losses)) / tilt, weights
+
+
+def tilted_softmax_regression_grad(kernel, bias, x, y, tilt):
+    """The gradient of the tilt-tilted risk of the examples' losses: sum_x softmax(t f)_x grad f_x."""
+    rows = [softmax_regression_grad(kernel, bias, x[i : i + 1], y[i : i + 1]) for i in range(len(y))]
+    _, weights = tilted_risk_reference([loss for _, _, loss in rows], tilt)
+    g_kernel = sum(w * g for w, (g, _, _) in zip(weights, rows))
+    g_bias = sum(w * g for w, (_, g, _) in zip(weights, rows))
+    return g_kernel, g_bias
+
+
 def local_sgd_reference(
     kernel, bias, x, y, orders, *, batch_size, num_epochs, lr, l2=0.0, mu=0.0,
-    max_steps=None, correction=(0.0, 0.0), preconditioner=(1.0, 1.0),
+    max_steps=None, correction=(0.0, 0.0), preconditioner=(1.0, 1.0), sample_tilt=0.0,
 ):
     """Minibatch SGD over `orders[e]` (the engine's epoch orders), real steps only.
 
     `correction` (kernel, bias) is added to every step's gradient (control variates), which is then
-    divided by `preconditioner` (kernel, bias) entry by entry.
+    divided by `preconditioner` (kernel, bias) entry by entry. A nonzero `sample_tilt` descends each
+    minibatch's tilted risk instead of its mean loss.
     """
     kernel, bias = np.array(kernel, np.float64), np.array(bias, np.float64)
     anchor_kernel, anchor_bias = kernel.copy(), bias.copy()
@@ -67,6 +87,8 @@ def local_sgd_reference(
                 return kernel, bias, steps
             rows = order[start : start + batch_size]
             g_kernel, g_bias, _ = softmax_regression_grad(kernel, bias, x[rows], y[rows])
+            if sample_tilt != 0:
+                g_kernel, g_bias = tilted_softmax_regression_grad(kernel, bias, x[rows], y[rows], sample_tilt)
             g_kernel = (g_kernel + mu * (kernel - anchor_kernel) + correction[0]) / preconditioner[0]
             g_bias = (g_bias + mu * (bias - anchor_bias) + correction[1]) / preconditioner[1]
             kernel = (1 - lr * l2) * kernel - lr * g_kernel

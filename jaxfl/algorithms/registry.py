@@ -408,12 +408,18 @@ SPECS: dict[str, AlgorithmSpec] = {
     ),
     "term": AlgorithmSpec(
         "jaxfl.algorithms.term:term",
-        "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i)",
+        "Tilted ERM at the client level (Li 2023, ch. 7): weights softmax(t F_i); with --sample-tilt, "
+        "hierarchical (each client's examples tilted by tau)",
         hparams={
             "tilt": Setting(
                 1.0, "tilt t (any real) of the client-level tilted risk; t > 0 favours clients of high loss, "
                 "t -> 0 is FedAvg"
-            )
+            ),
+            "sample_tilt": Setting(
+                0.0, "tau (any real) of hierarchical tilting: each client's loss, in its local steps and in "
+                "the server's weights, is the tau-tilted risk of its examples (Li 2023, eq. 7.83); tau < 0 "
+                "discounts a client's outlying examples; 0: its mean loss",
+            ),
         },
         ditto_global=True,
     ),

@@ -245,6 +245,10 @@ class ClientUpdateStage(NamedTuple):
         gradient corrections added to every local step
         (`LocalHParams.correction`: SCAFFOLD's c - c_i, FedDane's global
         minus local gradient), or None.
+      sample_tilt: the hyperparameter tilting each client's examples (tau of
+        hierarchical TERM: local steps on the minibatch's tau-tilted risk, and
+        F_i(w_t) the client's tau-tilted risk; `LocalHParams.sample_tilt`), or
+        None: means.
       preconditioner: `state -> ` a tree like the parameters dividing every
         local gradient coordinate by coordinate (`LocalHParams.
         preconditioner`: AdaDPS's side information, DP^2's delayed second
@@ -270,6 +274,7 @@ class ClientUpdateStage(NamedTuple):
     step_reads_rows: bool = False
     init_row: InitRow | None = None
     correction: Correction | None = None
+    sample_tilt: str | None = None
     preconditioner: Callable[[ServerState], Params] | None = None
     finalize: Finalize | None = None
     side_messages: int = 0
@@ -675,6 +680,7 @@ class _ComposedRound:
             l2=state.hparams["l2"] if update.l2 else None,
             prox_mu=None if update.proximal is None else state.hparams[update.proximal],
             preconditioner=None if update.preconditioner is None else update.preconditioner(state),
+            sample_tilt=None if update.sample_tilt is None else state.hparams[update.sample_tilt],
         )
         clients, personal_metrics = state.clients, {}
         if c.personal is not None:

@@ -23,6 +23,19 @@ the normalized form, without the running normalizer of the authors' code
 (litian96/TERM, which only rescales the step). At t = 0, pi = alpha /
 sum(alpha): FedAvg.
 
+Hierarchical tilting (thesis eqs. 7.82-7.85, groups = clients): with the
+sample tilt tau ('sample_tilt', default 0) each client's loss is its
+tau-tilted risk R_k(tau) = (1/tau) log mean_x exp(tau f_x) over its examples
+instead of the mean F_k, both in the server's weights pi_k (computed from
+R_k(tau) at w_t) and in local training (each step descends the minibatch's
+tau-tilted risk, the stochastic within-group tilt of Algorithm 16). The
+round then descends J(t, tau) = (1/t) log sum_k alpha_k exp(t R_k(tau)) /
+sum_k alpha_k: tau < 0 discounts each client's outlying examples (noisy
+labels), tau > 0 its hardest ones, while t tilts across clients. tau = t
+with uniform client weights and sizes is sample-level TERM over all
+examples (Lemma 32); tau = 0 is the client-level tilt above (to float
+rounding: the clients' mean losses may be summed in another order).
+
 References:
   [Li et al. 2021] Tilted Empirical Risk Minimization. ICLR 2021.
   [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
@@ -48,8 +61,8 @@ def term(
 ) -> FederatedAlgorithm:
     """Client-level tilted ERM (see the module docstring).
 
-    Numeric hyperparameters: the local ones and 'tilt' (t, any real;
-    default 1).
+    Numeric hyperparameters: the local ones, 'tilt' (t, any real; default
+    1) and 'sample_tilt' (tau, any real; default 0: each client's mean loss).
 
     Args:
       task: model and loss.
@@ -74,7 +87,10 @@ def term(
         task,
         clients_per_round,
         select=stages.SelectStage(),
-        client_update=stages.ClientUpdateStage(local=local, reports_initial_loss=True),
+        client_update=stages.ClientUpdateStage(
+            local=local, reports_initial_loss=True, sample_tilt="sample_tilt",
+            hparam_defaults={"sample_tilt": 0.0},
+        ),
         aggregate=stages.AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
         **options,
     )

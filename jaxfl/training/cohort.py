@@ -138,8 +138,9 @@ def train_cohort(
         client_row = (client["row"],) if "row" in client else ()
         out = {}
         if with_initial_loss:
+            # The client's tau-tilted risk where local training tilts its examples (hierarchical TERM).
             out["initial_loss"], out["initial_error"] = client_loss_and_error(
-                task, params, population, client["id"]
+                task, params, population, client["id"], tilt=hparams.sample_tilt
             )
         result = local_sgd(
             task,
@@ -175,10 +176,10 @@ def train_cohort(
 
 def _kernel_takes(hparams: LocalHParams) -> bool:
     """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term, no
-    correction, no preconditioner)."""
+    correction, no preconditioner, no sample tilt)."""
     return (
         hparams.prox_weights is None and hparams.kl_mu is None and hparams.correction is None
-        and hparams.preconditioner is None
+        and hparams.preconditioner is None and hparams.sample_tilt is None
     )
 
 

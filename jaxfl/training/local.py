@@ -32,6 +32,7 @@ import optax
 from jaxfl.data.population import ClientPopulation
 from jaxfl.models.losses import misclassification, multinomial_logistic_loss, symmetrized_kl
 from jaxfl.models.networks import Model
+from jaxfl.primitives.tail import tilted_risk
 from jaxfl.types import Key, Params
 
 
@@ -237,6 +238,9 @@ class LocalHParams(NamedTuple):
     (a tree like the parameters, entries > 0) divides every step's gradient,
     the terms above included, coordinate by coordinate: w <- w - lr g / A,
     AdaDPS's local step with side information A (Li 2023, Algorithm 10).
+    `sample_tilt` tau replaces the minibatch's mean loss by its tau-tilted
+    risk over the batch's examples (`tilted_minibatch_loss`; tau = 0 is the
+    mean, bit for bit): the within-group tilt of hierarchical TERM.
     """
 
     lr: jax.Array
@@ -246,6 +250,7 @@ class LocalHParams(NamedTuple):
     kl_mu: jax.Array | None = None
     correction: Params | None = None
     preconditioner: Params | None = None
+    sample_tilt: jax.Array | None = None
 
 
 class LocalResult(NamedTuple):
@@ -387,6 +392,26 @@ def minibatch_loss(task: Task, params: Params, batch, valid: jax.Array, key: Key
     return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
 
 
+def tilted_minibatch_loss(
+    task: Task, params: Params, batch, valid: jax.Array, tilt: jax.Array, key: Key | None = None
+) -> jax.Array:
+    """The tau-tilted risk of the batch's real examples, (1/tau) log(sum_x w_x exp(tau f_x) / sum_x w_x).
+
+    f_x is example x's mean loss over its scored targets and w_x their number
+    (`ExampleStats`), so that tau -> 0 is `minibatch_loss`'s mean over targets;
+    at tau = 0 the result *is* `minibatch_loss` (selected, so its value and
+    gradient are unchanged bit for bit). Li 2023, eq. 7.83: the group risk
+    R_g(tau) of hierarchical TERM with the client as the group.
+    """
+    mean = minibatch_loss(task, params, batch, valid, key)
+    stats = task.example_stats(params, batch, key)
+    weights = jnp.where(valid, stats.loss_weight, 0.0)
+    per_example = stats.loss / jnp.maximum(stats.loss_weight, 1.0)
+    # A tilt of 1 where tau = 0: that branch is not selected, and its gradient must stay finite.
+    tilted = tilted_risk(per_example, jnp.where(tilt == 0, 1.0, tilt), weights)
+    return jnp.where(tilt == 0, mean, tilted)
+
+
 def mean_symmetrized_kl(
     task: Task, params: Params, anchor: Params, batch, valid: jax.Array, key: Key | None = None
 ) -> jax.Array:
@@ -496,7 +521,10 @@ def local_sgd(
         def batch_objective(p):
             if objective is not None:
                 return objective(p, batch, valid, step_key)
-            loss = minibatch_loss(task, p, batch, valid, step_key)
+            if hparams.sample_tilt is None:
+                loss = minibatch_loss(task, p, batch, valid, step_key)
+            else:
+                loss = tilted_minibatch_loss(task, p, batch, valid, hparams.sample_tilt, step_key)
             if hparams.kl_mu is None:
                 return loss, loss
             divergence = mean_symmetrized_kl(task, p, anchor, batch, valid, step_key)
@@ -557,6 +585,7 @@ def client_loss_and_error(
     client_id: jax.Array,
     *,
     chunk_size: int = 128,
+    tilt: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Mean loss F_i(w) and misclassification error of one client on all its data.
 
@@ -570,22 +599,47 @@ def client_loss_and_error(
     fuse into the matrix product) rather than a gather: this pass is what a
     Δ-FL round adds to a FedAvg round.
 
+    With `tilt` tau, the loss is the client's tau-tilted risk over its
+    examples instead (`tilted_minibatch_loss` over all its data; tau = 0
+    selects the mean, equal to the untilted one up to the order XLA adds its
+    chunks in), combined chunk by chunk: the tilted risk of two sets is the
+    tilted risk of their two tilted risks weighted by their sizes.
+
     Returns:
       (mean loss, mean error) as float32 scalars.
     """
     chunk = min(chunk_size, population.max_count)
 
-    def body(i, sums):
+    def body(i, carry):
+        sums, tilted = carry
         batch, valid = _client_chunk(population, client_id, i, chunk)
         stats = task.example_stats(params, batch)
-        return tuple(
+        sums = tuple(
             total + jnp.sum(jnp.where(valid, value, 0.0)) for total, value in zip(sums, stats, strict=True)
         )
+        if tilt is not None:
+            risk, weight = tilted
+            chunk_weights = jnp.where(valid, stats.loss_weight, 0.0)
+            per_example = stats.loss / jnp.maximum(stats.loss_weight, 1.0)
+            chunk_risk = tilted_risk(per_example, safe_tilt, chunk_weights)
+            chunk_weight = jnp.sum(chunk_weights)
+            # The first chunk (weight 0 so far) or a chunk without targets adds nothing.
+            combined = tilted_risk(
+                jnp.stack([risk, jnp.where(chunk_weight > 0, chunk_risk, 0.0)]),
+                safe_tilt, jnp.stack([weight, chunk_weight]),
+            )
+            risk = jnp.where(weight + chunk_weight > 0, combined, 0.0)
+            tilted = (risk, weight + chunk_weight)
+        return sums, tilted
 
+    safe_tilt = None if tilt is None else jnp.where(tilt == 0, 1.0, tilt)
     num_chunks = (population.counts[client_id] + chunk - 1) // chunk
     zero = jnp.zeros((), jnp.float32)
-    sums = ExampleStats(*jax.lax.fori_loop(0, num_chunks, body, (zero,) * 4))
-    return client_means(sums)
+    sums, (risk, _) = jax.lax.fori_loop(0, num_chunks, body, ((zero,) * 4, (zero, zero)))
+    loss, error = client_means(ExampleStats(*sums))
+    if tilt is not None:
+        loss = jnp.where(tilt == 0, loss, risk)
+    return loss, error
 
 
 def client_loss_gradient(

@@ -20,6 +20,7 @@ from reference import (
     client_loss_reference,
     local_sgd_reference,
     softmax_regression_grad,
+    tilted_risk_reference,
     tiny_population,
 )
 
@@ -129,6 +130,7 @@ def reference_rounds(
     compress=None,
     select=None,
     preconditioner=None,
+    sample_tilt=0.0,
     population=POPULATION,
 ):
     """Rounds of the template in NumPy float64, one client at a time.
@@ -156,6 +158,8 @@ def reference_rounds(
         place of `sample_cohort`'s, or None.
       preconditioner: `preconditioner(round, memory) -> (kernel, bias)`
         dividing every local gradient of that round, or None.
+      sample_tilt: tau of hierarchical tilting: the clients' `losses` are
+        their tau-tilted risks, and local steps descend the minibatch's.
       population: the clients.
 
     Returns:
@@ -181,6 +185,14 @@ def reference_rounds(
         losses = np.array(
             [client_loss_reference(kernel, bias, d["x"], d["y"])[0] for d in data]
         )
+        if sample_tilt != 0:
+            losses = np.array([
+                tilted_risk_reference(
+                    [client_loss_reference(kernel, bias, d["x"][i : i + 1], d["y"][i : i + 1])[0]
+                     for i in range(len(d["y"]))], sample_tilt,
+                )[0]
+                for d in data
+            ])
         decision = (
             {}
             if plan is None
@@ -219,6 +231,7 @@ def reference_rounds(
                     l2=l2,
                     mu=mu,
                     preconditioner=divisor,
+                    sample_tilt=sample_tilt,
                 )
             deltas.append((k - kernel, b - bias))
         if compress is not None:
