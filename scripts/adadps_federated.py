@@ -47,8 +47,8 @@ COMMON = [
 ]  # fmt: skip
 # method -> (its flags, the flag tuned, its grid).
 METHODS = {
-    "dp-fedavg": (["--algorithm", "dp-fedavg", "--server-optimizer", "avgm"], "--lr", (0.1, 0.3, 1.0)),
-    "adadps": (["--algorithm", "adadps", "--server-optimizer", "avgm"], "--lr", (0.03, 0.1, 0.3, 1.0)),
+    "dp-fedavg": (["--algorithm", "dp-fedavg", "--server-optimizer", "avgm"], "--lr", (0.3, 1.0, 3.0, 10.0)),
+    "adadps": (["--algorithm", "adadps", "--server-optimizer", "avgm"], "--lr", (0.3, 1.0, 3.0, 10.0)),
     "dp-fedadam": (["--algorithm", "dp-fedadam", "--lr", "0.1"], "--server-lr", (0.003, 0.01, 0.03)),
 }
 
