@@ -45,10 +45,12 @@ COMMON = [
     "--batch-size", "100", "--local-epochs", "1", "--clip-norm", str(CLIP_NORM), "--epsilon", str(EPSILON),
     "--no-progress",
 ]  # fmt: skip
-# method -> (its flags, the flag tuned, its grid).
+# method -> (its flags, the flag tuned, its grid). The local rates reach far: with updates clipped to C,
+# a larger rate makes a longer local path of which the clip keeps the direction.
+LOCAL_RATES = (1.0, 3.0, 10.0, 30.0, 100.0)
 METHODS = {
-    "dp-fedavg": (["--algorithm", "dp-fedavg", "--server-optimizer", "avgm"], "--lr", (0.3, 1.0, 3.0, 10.0)),
-    "adadps": (["--algorithm", "adadps", "--server-optimizer", "avgm"], "--lr", (0.3, 1.0, 3.0, 10.0)),
+    "dp-fedavg": (["--algorithm", "dp-fedavg", "--server-optimizer", "avgm"], "--lr", LOCAL_RATES),
+    "adadps": (["--algorithm", "adadps", "--server-optimizer", "avgm"], "--lr", LOCAL_RATES),
     "dp-fedadam": (["--algorithm", "dp-fedadam", "--lr", "0.1"], "--server-lr", (0.003, 0.01, 0.03)),
 }
 
