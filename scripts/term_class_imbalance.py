@@ -93,7 +93,8 @@ def init(key):
 
 
 def logits(params, x):
-    return jax.nn.relu(x @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
+    hidden = jax.nn.relu(x @ params["w1"] + params["b1"][None])
+    return hidden @ params["w2"] + params["b2"][None]
 
 
 def example_loss(method: str, params, example):
