@@ -123,13 +123,10 @@ def adadps(
     """AdaDPS-FL (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: m, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them,
+        client weighting left out: every client counts equally, as in DP-FedAvg.
       side_information: A: a tree like the parameters, arrays keyed by leaf
         name, the path of an .npz file of them, or None (A = 1: DP-FedAvg).
-      **options: the round's options (client weighting is not: every client
-        counts equally, as in DP-FedAvg).
 
     Returns:
       The `FederatedAlgorithm`.

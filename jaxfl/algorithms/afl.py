@@ -95,9 +95,7 @@ def afl(
     'afl_lambda_lr' (gamma_lambda > 0, default 0.01).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round: as `jaxfl.algorithms.stages.compose_round` takes them.
       num_clients: N, the training clients the mixture is over; the round
         must be given a population of that size.
 

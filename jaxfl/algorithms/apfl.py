@@ -116,11 +116,9 @@ def apfl(
         run's aggregator, attack and stragglers: dropped stragglers step
         neither model): its local steps must be plain local SGD, which the
         joint steps repeat.
-      task: model and loss.
-      local: the static local-training shape (FedAvg's).
-      clients_per_round: M (FedAvg's).
+      task, local, clients_per_round, strategy: FedAvg's, as `jaxfl.algorithms.stages.compose_round`
+        takes them.
       num_clients: N, the training clients (rows of the local models).
-      strategy: how the cohort's clients are laid out.
       alpha_lr: > 0: each client's alpha_k adapts with this step size
         (module docstring); 0: one fixed alpha, 'apfl_alpha'.
       name: registry name.

@@ -169,16 +169,12 @@ def deltafl(
       'dp_scale' c >= 1 (default 10, rounded to an integer), for 'dp'.
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
       reweighting: 'threshold', 'exact', 'dp' or 'smoothed' (static).
       filtering: 'server' or 'client' (client self-filtering; needs a
         threshold: 'threshold' or 'dp').
       dp_bins: b, number of histogram bins for 'dp', a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.

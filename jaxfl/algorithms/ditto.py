@@ -159,11 +159,9 @@ def ditto(
     Args:
       global_algorithm: G, any algorithm of the round template (FedAvg,
         FedProx, Delta-FL, q-FFL, ..., with any aggregator).
-      task: model and loss.
-      local: the static local-training shape (G's: r = s local iterations).
-      clients_per_round: M (G's).
+      task, local, clients_per_round, strategy: G's, as `jaxfl.algorithms.stages.compose_round` takes
+        them (local: r = s local iterations).
       num_clients: N, the training clients (rows of the personal models).
-      strategy: how the cohort's clients are laid out.
       dynamic_lam: dynamic lambda's candidates (module docstring); () : the
         fixed lambda 'lam'.
       validation: with `dynamic_lam`, the validation examples, client k's

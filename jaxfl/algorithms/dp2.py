@@ -103,12 +103,9 @@ def dp2(
     """DP^2-FL (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: m, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them,
+        client weighting left out: every client counts equally, as in DP-FedAvg.
       dp2_variant: how v is refreshed: 'rmsprop', 'adagrad' or 'yogi'.
-      **options: the round's options (client weighting is not: every client
-        counts equally, as in DP-FedAvg).
 
     Returns:
       The `FederatedAlgorithm`.

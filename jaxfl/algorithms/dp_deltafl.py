@@ -101,9 +101,7 @@ def dp_deltafl(
     """DP Delta-FL, Pillutla et al. 2023, Algorithm 4 (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: m, clients sampled per round.
+      task, local, clients_per_round: as `jaxfl.algorithms.stages.compose_round` takes them.
       dp_bins: b, histogram bins, a power of two >= 2.
       dp_bits: the secure sum works modulo 2^dp_bits, 2 <= dp_bits <= 32.
       dp_scale: c, the integer scale of the histograms, >= 1.

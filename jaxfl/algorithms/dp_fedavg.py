@@ -70,9 +70,7 @@ def dp_fedavg(
     """DP-FedAvg (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: m, clients sampled per round.
+      task, local, clients_per_round: as `jaxfl.algorithms.stages.compose_round` takes them.
 
     Returns:
       The `FederatedAlgorithm`.

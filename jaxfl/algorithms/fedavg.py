@@ -99,13 +99,9 @@ def fedavg(
     """Federated averaging (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
       stragglers: fraction of each cohort that straggles and is dropped
         (static; 0 compiles plain FedAvg).
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.

@@ -47,11 +47,7 @@ def fedavg_sub(
     0.5), the fraction of the cohort that trains.
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
 
     Returns:
       The `FederatedAlgorithm`.

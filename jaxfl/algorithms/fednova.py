@@ -70,13 +70,8 @@ def fednova(
     """FedNova (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
-      strategy: how clients are laid out on the hardware.
-      robustness: the run's update attack (its aggregator must be the mean), or None.
-      server_tx: server optimizer (default: SGD with learning rate 1).
-      client_weighting: 'num_examples' or 'uniform' data weights alpha_i.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them
+        (an update attack applies; the aggregator must be the mean).
       stragglers: fraction of each cohort that runs fewer epochs, drawn from
         1 to num_epochs - 1, and keeps its work (static; needs num_epochs >= 2).
 

@@ -47,12 +47,8 @@ def fedprox(
     (proximal weight >= 0, default 0.01).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
       stragglers: fraction in [0, 1) of each cohort that straggles (static).
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.

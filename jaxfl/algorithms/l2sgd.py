@@ -69,11 +69,9 @@ def l2sgd(
     """L2SGD with partial participation (module docstring).
 
     Args:
-      task: model and loss.
-      local: the static local-training shape.
-      clients_per_round: M.
+      task, local, clients_per_round, strategy: as `jaxfl.algorithms.stages.compose_round` takes them
+        (local: the shape of both passes).
       num_clients: N, the training clients (rows of the personal models).
-      strategy: how the cohort's clients are laid out.
       name: registry name.
 
     Returns:

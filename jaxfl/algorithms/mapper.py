@@ -108,13 +108,9 @@ def mapper(
     """Mapper (module docstring).
 
     Args:
-      task: model and loss.
-      local: the static local-training shape (both passes).
-      clients_per_round: M.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
       num_clients: N, the training clients (rows of the local models).
       candidates: the mixing weights each sampled client tries, in [0, 1].
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`; its state's `clients` holds

@@ -122,16 +122,12 @@ def qffl(
     Numeric hyperparameters: the local ones and 'q' >= 0 (default `q`).
 
     Args:
-      task: model and loss.
-      local: static local-training shape (q-FedAvg only: q-FedSGD's local
-        step is one full-batch step).
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them
+        (q-FedSGD's local step is one full-batch step).
       variant: 'fedavg' (q-FedAvg, thesis Algorithm 4) or 'fedsgd'
         (q-FedSGD, Algorithm 3).
       q: the default of the hyperparameter q.
       name: registry name.
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`.

@@ -60,13 +60,9 @@ def scaffold(
     """SCAFFOLD (see the module docstring).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
       num_clients: N, the training clients (each keeps its c_i).
       control_option: 1 or 2, the paper's Option I or II for c_i+.
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
 
     Returns:
       The `FederatedAlgorithm`; its state's `extra` is c and `clients` the c_i.

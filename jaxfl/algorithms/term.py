@@ -65,11 +65,7 @@ def term(
     1) and 'sample_tilt' (tau, any real; default 0: each client's mean loss).
 
     Args:
-      task: model and loss.
-      local: static local-training shape.
-      clients_per_round: M, clients sampled per round.
-      **options: the run's `RoundOptions`: client strategy (required),
-        robustness, server optimizer, client weighting.
+      task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
 
     Returns:
       The `FederatedAlgorithm`.
