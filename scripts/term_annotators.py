@@ -91,17 +91,22 @@ def train(method: str, key, x, y, annotator):
             tilted_erm(tilt, tau=0.0, num_groups=ANNOTATORS, normalizer_decay=NORMALIZER_DECAY), tx
         )
     sizes = jnp.zeros(ANNOTATORS).at[annotator].add(1.0)
-    allowed = annotator < HAMMERS if method.startswith("Genie") else jnp.ones(x.shape[0], bool)
+    # The images sorted by annotator: annotator g's are order[starts[g]:starts[g] + sizes[g]], and the
+    # hammers' (annotators 0..HAMMERS-1) the first ones.
+    order = jnp.argsort(annotator, stable=True)
+    starts = (jnp.cumsum(sizes) - sizes).astype(jnp.int32)
+    counts = sizes.astype(jnp.int32)
+    pool_start, pool_size = 0, jnp.sum(counts[:HAMMERS]) if method.startswith("Genie") else x.shape[0]
 
     def step(carry, step_key):
         params, state = carry
         group_key, batch_key = jax.random.split(step_key)
         if term:
             group = sample_group(group_key, state[0], sizes, tilt)
-            pool = annotator == group
+            start, size = starts[group], counts[group]
         else:
-            group, pool = None, allowed
-        rows = jax.random.categorical(batch_key, jnp.where(pool, 0.0, -jnp.inf), shape=(BATCH,))
+            group, start, size = None, pool_start, pool_size
+        rows = order[start + jax.random.randint(batch_key, (BATCH,), 0, size)]
         if term:
             losses, grads = per_example_losses_and_grads(example_loss, params, (x[rows], y[rows]))
             updates, state = tx.update(grads, state, params, losses=losses, group=group)
