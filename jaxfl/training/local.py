@@ -387,7 +387,10 @@ def minibatch_loss(task: Task, params: Params, batch, valid: jax.Array, key: Key
     is padded); one target per example for labels, the real tokens of
     sequences.
     """
-    stats = task.example_stats(params, batch, key)
+    return _mean_loss(task.example_stats(params, batch, key), valid)
+
+
+def _mean_loss(stats: ExampleStats, valid: jax.Array) -> jax.Array:
     total_weight = jnp.sum(jnp.where(valid, stats.loss_weight, 0.0))
     return jnp.sum(jnp.where(valid, stats.loss, 0.0)) / jnp.maximum(total_weight, 1.0)
 
@@ -403,8 +406,8 @@ def tilted_minibatch_loss(
     gradient are unchanged bit for bit). Li 2023, eq. 7.83: the group risk
     R_g(tau) of hierarchical TERM with the client as the group.
     """
-    mean = minibatch_loss(task, params, batch, valid, key)
-    stats = task.example_stats(params, batch, key)
+    stats = task.example_stats(params, batch, key)  # One forward pass for both.
+    mean = _mean_loss(stats, valid)
     weights = jnp.where(valid, stats.loss_weight, 0.0)
     per_example = stats.loss / jnp.maximum(stats.loss_weight, 1.0)
     # A tilt of 1 where tau = 0: that branch is not selected, and its gradient must stay finite.
