@@ -4,8 +4,9 @@ One round, as DP-FedAvg (`jaxfl.algorithms.dp_fedavg`) but for the local step:
 
 1. sample m of the n training clients uniformly without replacement;
 2. each runs local SGD from w_t with every gradient divided, coordinate by
-   coordinate, by the side information A: w <- w - lr grad F_i(w) / A; then
-   clips its update to l2 norm C;
+   coordinate, by the side information A: w <- w - lr grad F_i(w) / A (an
+   l2 term's decay (1 - lr lambda) w is not divided); then clips its update
+   to l2 norm C;
 3. the secure aggregate releases the sum of the clipped updates plus
    N(0, (z 2C)^2 I);
 4. the server divides by m and takes its optimizer step (the thesis uses

@@ -12,7 +12,8 @@ Round t, phase p = t mod (s1 + s2):
 * SGD phase (p < s1): DP-FedAvg with local learning rate lr and clip C;
 * RMSProp phase (p >= s1): every local step is w <- w - lr2 g / (sqrt(v) + eps),
   and the update is clipped to C2 (the thesis tunes the two phases' rates
-  and clips apart);
+  and clips apart). lr2 is constant (`--lr-decay` schedules lr only), and
+  an l2 term's decay (1 - lr lambda) w keeps the SGD phase's rate lr;
 * after round t the server adds the round's pseudo-gradient
   g~_t = -Delta~_t / lr_t (the released mean update over the round's local
   learning rate: the clients' summed local gradients, averaged and noised) to

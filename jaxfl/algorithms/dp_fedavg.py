@@ -170,3 +170,12 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
     """DP-FedAvg as the registry builds it for a run (uniform weights: no client weighting)."""
     del options  # None.
     return dp_fedavg(engine.task, engine.local, engine.clients_per_round, **private_round_options(engine))
+
+
+def dp_fedadam_from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
+    """DP-FedAdam: DP-FedAvg on an engine whose server optimizer the registry made adam
+    (`AlgorithmSpec.server_optimizer`)."""
+    del options  # None.
+    return private_averaging(
+        "dp-fedadam", engine.task, engine.local, engine.clients_per_round, **private_round_options(engine)
+    )

@@ -89,6 +89,11 @@ class Engine:
         choose on them during training (Ditto's dynamic lambda), or None.
         The runner gives them to the round as the training population's
         `held_out` (`jaxfl.experiment.runner.training_input`).
+      server_settings: the run's server-optimizer settings (`learning_rate`,
+        `momentum`, `beta1`, `beta2`, `epsilon` of `jaxfl.algorithms.base.
+        server_optimizer`), with which an entry that names its own server
+        optimizer (DP-FedAdam's adam) builds it in place of `server_tx`; none
+        given: that optimizer's defaults.
     """
 
     task: Task
@@ -102,6 +107,7 @@ class Engine:
     compression: UpdateCompression | None = None
     clock: Clock | None = None
     personal_validation: ClientPopulation | None = None
+    server_settings: Mapping[str, Any] | None = None
 
     def round_options(self) -> dict[str, Any]:
         """The `RoundOptions` of a composed round: strategy, optimizer, weighting, robustness, compression."""
@@ -193,8 +199,8 @@ class AlgorithmSpec:
         steps of clients on the simulated clock), `clients_per_round -> the
         arrivals each server step takes`; None for a synchronous one.
       server_optimizer: the server optimizer the algorithm is defined with
-        (DP-FedAdam's adam), in place of the run's default one, with the
-        run's server settings; None: the run's `--server-optimizer`.
+        (DP-FedAdam's adam), built by `build` with the engine's
+        `server_settings` in place of its `server_tx`; None: the engine's.
     """
 
     factory: str
@@ -226,6 +232,11 @@ class AlgorithmSpec:
 
     def build(self, engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
         """The algorithm, from `builder` or `factory` (its module imported now)."""
+        if self.server_optimizer is not None:
+            from jaxfl.algorithms.base import server_optimizer
+
+            own = server_optimizer(self.server_optimizer, **(engine.server_settings or {}))
+            engine = dataclasses.replace(engine, server_tx=own)
         if self.builder is not None:
             return _resolve(self.builder)(engine, options)
         factory = _resolve(self.factory)
@@ -415,10 +426,13 @@ SPECS: dict[str, AlgorithmSpec] = {
                 1.0, "tilt t (any real) of the client-level tilted risk; t > 0 favours clients of high loss, "
                 "t -> 0 is FedAvg"
             ),
+        },
+        options={
             "sample_tilt": Setting(
-                0.0, "tau (any real) of hierarchical tilting: each client's loss, in its local steps and in "
+                None, "tau (any real) of hierarchical tilting: each client's loss, in its local steps and in "
                 "the server's weights, is the tau-tilted risk of its examples (Li 2023, eq. 7.83); tau < 0 "
-                "discounts a client's outlying examples; 0: its mean loss",
+                "discounts a client's outlying examples; set, it is a sweepable hyperparameter; unset: each "
+                "client's mean loss", type="float | None", optional=True,
             ),
         },
         ditto_global=True,
@@ -678,7 +692,7 @@ SPECS["adadps"] = AlgorithmSpec(
 SPECS["dp-fedadam"] = AlgorithmSpec(
     "jaxfl.algorithms.dp_fedavg:dp_fedavg",
     "DP-FedAdam (Li 2023, Section 6.4.2): DP-FedAvg with the adam server optimizer on its noisy mean",
-    builder="jaxfl.algorithms.dp_fedavg:from_engine",
+    builder="jaxfl.algorithms.dp_fedavg:dp_fedadam_from_engine",
     hparams=_DP_UPDATES,
     privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
     privacy_settings=_DP_BUDGET,

@@ -23,8 +23,8 @@ the normalized form, without the running normalizer of the authors' code
 (litian96/TERM, which only rescales the step). At t = 0, pi = alpha /
 sum(alpha): FedAvg.
 
-Hierarchical tilting (thesis eqs. 7.82-7.85, groups = clients): with the
-sample tilt tau ('sample_tilt', default 0) each client's loss is its
+Hierarchical tilting (thesis eqs. 7.82-7.85, groups = clients): with a
+sample tilt tau (`sample_tilt`) each client's loss is its
 tau-tilted risk R_k(tau) = (1/tau) log mean_x exp(tau f_x) over its examples
 instead of the mean F_k, both in the server's weights pi_k (computed from
 R_k(tau) at w_t) and in local training (each step descends the minibatch's
@@ -34,7 +34,9 @@ sum_k alpha_k: tau < 0 discounts each client's outlying examples (noisy
 labels), tau > 0 its hardest ones, while t tilts across clients. tau = t
 with uniform client weights and sizes is sample-level TERM over all
 examples (Lemma 32); tau = 0 is the client-level tilt above (to float
-rounding: the clients' mean losses may be summed in another order).
+rounding: the clients' mean losses may be summed in another order). Its
+round metrics 'cohort_loss' and 'train_loss' are then tilted risks, not
+the mean losses other algorithms report.
 
 References:
   [Li et al. 2021] Tilted Empirical Risk Minimization. ICLR 2021.
@@ -57,15 +59,21 @@ def term(
     task: Task,
     local: LocalTraining,
     clients_per_round: int,
+    *,
+    sample_tilt: float | None = None,
     **options: Unpack[stages.RoundOptions],
 ) -> FederatedAlgorithm:
     """Client-level tilted ERM (see the module docstring).
 
     Numeric hyperparameters: the local ones, 'tilt' (t, any real; default
-    1) and 'sample_tilt' (tau, any real; default 0: each client's mean loss).
+    1) and, when hierarchical, 'sample_tilt' (tau, any real).
 
     Args:
       task, local, clients_per_round, **options: as `jaxfl.algorithms.stages.compose_round` takes them.
+      sample_tilt: None: client-level tilting, each client's loss its mean
+        (the round of the module docstring's first part, which the fused
+        local-training kernel can run). A number: hierarchical tilting, tau
+        a traced hyperparameter ('sample_tilt', sweepable) with this default.
 
     Returns:
       The `FederatedAlgorithm`.
@@ -84,8 +92,9 @@ def term(
         clients_per_round,
         select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
-            local=local, reports_initial_loss=True, sample_tilt="sample_tilt",
-            hparam_defaults={"sample_tilt": 0.0},
+            local=local, reports_initial_loss=True,
+            sample_tilt=None if sample_tilt is None else "sample_tilt",
+            hparam_defaults={} if sample_tilt is None else {"sample_tilt": float(sample_tilt)},
         ),
         aggregate=stages.AggregateStage(reweight=reweight, hparam_defaults={"tilt": 1.0}),
         **options,

@@ -9,6 +9,7 @@ training clients' examples live, and the clients' own test splits.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
@@ -187,17 +188,20 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
     return clock
 
 
-def run_server_optimizer(config: RunConfig, name: str | None = None):
-    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`), or the one `name`d with the
-    run's server settings."""
-    return server_optimizer(
-        name or config.server_optimizer,
-        config.server_lr,
-        momentum=config.server_momentum,
-        beta1=config.server_beta1,
-        beta2=config.server_beta2,
-        epsilon=config.server_epsilon,
-    )
+def run_server_optimizer(config: RunConfig):
+    """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`)."""
+    return server_optimizer(config.server_optimizer, **server_settings(config))
+
+
+def server_settings(config: RunConfig) -> dict[str, Any]:
+    """The run's server-optimizer settings, for any optimizer (`Engine.server_settings`)."""
+    return {
+        "learning_rate": config.server_lr,
+        "momentum": config.server_momentum,
+        "beta1": config.server_beta1,
+        "beta2": config.server_beta2,
+        "epsilon": config.server_epsilon,
+    }
 
 
 _SERVER_OPTIMIZER_SETTINGS = {
@@ -399,6 +403,7 @@ def setup(config: RunConfig) -> Setup:
         clients_per_round=config.clients_per_round,
         strategy=strategy,
         server_tx=run_server_optimizer(config),
+        server_settings=server_settings(config),
         client_weighting=config.client_weighting,
         num_clients=num_train,
         robustness=robustness,
@@ -418,15 +423,6 @@ def setup(config: RunConfig) -> Setup:
     return Setup(config, dataset, engine, algorithms, hparams, ignored, placement, corrupted, traffic)
 
 
-def algorithm_engine(config: RunConfig, engine: Engine, name: str) -> Engine:
-    """The engine `name` is built on: the run's, with the entry's own server optimizer where it names one
-    (DP-FedAdam's adam; `AlgorithmSpec.server_optimizer`)."""
-    own = algorithm_spec(name).server_optimizer
-    if own is None:
-        return engine
-    return dataclasses.replace(engine, server_tx=run_server_optimizer(config, own))
-
-
 def build_algorithms(
     config: RunConfig, engine: Engine, num_train: int
 ) -> tuple[dict[str, FederatedAlgorithm], dict[str, dict[str, float]]]:
@@ -439,7 +435,7 @@ def build_algorithms(
     for name in config.algorithms:
         try:
             algorithms[name] = build_algorithm(
-                name, algorithm_engine(config, engine, name), algorithm_options(config, name)
+                name, engine, algorithm_options(config, name)
             )
         except ValueError as error:
             raise ConfigError(f"{name}: {str(error).splitlines()[0]}") from None

@@ -35,7 +35,6 @@ import numpy as np
 
 from jaxfl.algorithms.registry import build_algorithm
 from jaxfl.data.population import FederatedDataset
-from jaxfl.experiment.run_setup import algorithm_engine
 from jaxfl.experiment.runner import (
     RunResult,
     Setup,
@@ -95,9 +94,7 @@ def rebuild_setup(
     config = run_setup.config
     algorithms, hparams = {}, {}
     for name in run_setup.algorithms:
-        algorithms[name] = build_algorithm(
-            name, algorithm_engine(config, engine, name), algorithm_options(config, name)
-        )
+        algorithms[name] = build_algorithm(name, engine, algorithm_options(config, name))
         hparams[name] = algorithm_hparams(config, name, algorithms[name])
     return dataclasses.replace(
         run_setup, dataset=dataset, engine=engine, algorithms=algorithms, hparams=hparams

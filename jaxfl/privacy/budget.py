@@ -352,7 +352,20 @@ class DpBudget:
                 )
             ),
             **report,
+            **_second_phase(hparams, z),
         }
+
+
+def _second_phase(hparams: Mapping[str, Any], noise_multiplier: float) -> dict[str, Any]:
+    """DP^2-FL's RMSProp-phase rounds clip to their own C2, so their noise is z 2 C2 (epsilon is z's)."""
+    if "dp2_clip_norm" not in hparams:
+        return {}
+    clip_norm = float(hparams["dp2_clip_norm"])
+    return {"rmsprop_phase": {
+        "clip_norm": clip_norm,
+        "sensitivity": sum_sensitivity(clip_norm),
+        "noise_stddev": noise_multiplier * sum_sensitivity(clip_norm),
+    }}
 
 
 def not_private_outputs(settings: Any) -> list[str]:

@@ -237,10 +237,12 @@ class LocalHParams(NamedTuple):
     (Karimireddy et al. 2020, Algorithm 1), -g_i in FedDyn. `preconditioner`
     (a tree like the parameters, entries > 0) divides every step's gradient,
     the terms above included, coordinate by coordinate: w <- w - lr g / A,
-    AdaDPS's local step with side information A (Li 2023, Algorithm 10).
-    `sample_tilt` tau replaces the minibatch's mean loss by its tau-tilted
-    risk over the batch's examples (`tilted_minibatch_loss`; tau = 0 is the
-    mean, bit for bit): the within-group tilt of hierarchical TERM.
+    AdaDPS's local step with side information A (Li 2023, Algorithm 10); the
+    l2 decay (1 - lr lambda) w is not divided. `sample_tilt` tau replaces the
+    minibatch's mean loss by its tau-tilted risk over the batch's examples
+    (`tilted_minibatch_loss`; tau = 0 is the mean, bit for bit): the
+    within-group tilt of hierarchical TERM. Neither applies where `local_sgd`
+    is given its own `objective` or `step`.
     """
 
     lr: jax.Array
@@ -410,9 +412,10 @@ def tilted_minibatch_loss(
     mean = _mean_loss(stats, valid)
     weights = jnp.where(valid, stats.loss_weight, 0.0)
     per_example = stats.loss / jnp.maximum(stats.loss_weight, 1.0)
-    # A tilt of 1 where tau = 0: that branch is not selected, and its gradient must stay finite.
+    # A tilt of 1 where tau = 0: that branch is not selected, and its gradient must stay finite. A batch
+    # without a real target (padding) has the mean's value, 0.
     tilted = tilted_risk(per_example, jnp.where(tilt == 0, 1.0, tilt), weights)
-    return jnp.where(tilt == 0, mean, tilted)
+    return jnp.where((tilt == 0) | (jnp.sum(weights) == 0), mean, tilted)
 
 
 def mean_symmetrized_kl(

@@ -22,9 +22,9 @@ from jaxfl.training import ClientStrategy
 M = 5
 LR, LR2 = 0.2, 0.02
 C1, C2 = 0.08, 0.05
-S1, S2 = 2, 2
+S1, S2 = 3, 2  # Unequal, so that the two phase lengths cannot be confused unnoticed.
 BETA, EPS = 0.8, 1e-3
-ROUNDS = 7  # SGD, SGD, RMSProp, RMSProp, SGD, SGD, RMSProp (v refreshed twice).
+ROUNDS = 9  # 3 SGD, 2 RMSProp, 3 SGD, 1 RMSProp (v refreshed twice).
 KEY = jax.random.key(8)
 
 
@@ -97,10 +97,10 @@ def test_rounds_equal_algorithm_11_as_a_numpy_loop_over_clients(variant):
     kernel, bias, memory = reference(variant)
     assert_params_close(state.params, kernel, bias)
     phases = [h["dp2_rmsprop_phase"] for h in history]
-    assert phases == [0, 0, 1, 1, 0, 0, 1]
+    assert phases == [0, 0, 0, 1, 1, 0, 0, 0, 1]
     # Clipping is exercised in both phases, and the refreshed v is not trivial.
     clipped = np.asarray(memory["clipped"])
-    assert clipped[:2].mean() > 0 and clipped[2:4].mean() > 0
+    assert clipped[:3].mean() > 0 and clipped[3:5].mean() > 0
     assert np.min(memory["v"][0]) > 0
     # The test has power: the same rounds with v never refreshed (pure SGD phases) differ.
     plain, _, _ = reference_rounds(
@@ -110,6 +110,27 @@ def test_rounds_equal_algorithm_11_as_a_numpy_loop_over_clients(variant):
         ) / M,
     )
     assert np.max(np.abs(plain - kernel)) > 1e-3
+
+
+def test_the_preconditioner_is_built_from_the_released_updates_alone():
+    # With noise, v must be the refresh of the *released* (noisy) mean updates, which the server's SGD
+    # (learning rate 1) applies as they are: w_{t+1} - w_t. Recomputed here from the models alone.
+    algorithm = build("rmsprop")
+    state = algorithm.init(initial_params(), {**HPARAMS, "dp_noise_multiplier": 0.7})
+    models = [state.params]
+    for _ in range(S1 + S2 + 1):
+        state, _ = run_rounds(algorithm, state, 1, KEY)
+        models.append(state.params)
+    released = [
+        [np.asarray(b, np.float64) - np.asarray(a, np.float64)
+         for a, b in zip(jax.tree.leaves(models[t]), jax.tree.leaves(models[t + 1]))]
+        for t in range(S1 + S2 + 1)
+    ]
+    accumulated = [sum(-released[t][i] / LR for t in range(S1)) for i in range(2)]
+    expected = [refreshed("rmsprop", 0.0, g / S1) for g in accumulated]
+    for got, want in zip(jax.tree.leaves(state.extra.second), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-9)
+    assert np.max(expected[0]) > 0
 
 
 def test_an_unknown_variant_is_refused():

@@ -24,8 +24,8 @@ KEY = jax.random.key(17)
 
 
 @functools.cache
-def algorithm():
-    return term(TASK, LOCAL, M, strategy=ClientStrategy("vmap"))
+def algorithm(sample_tilt=None):
+    return term(TASK, LOCAL, M, sample_tilt=sample_tilt, strategy=ClientStrategy("vmap"))
 
 
 def run(tilt, num_rounds=3):
@@ -62,8 +62,9 @@ def test_rounds_equal_numpy_reference_and_small_tilts_approach_fedavg():
 
 
 def run_hierarchical(tilt, sample_tilt, num_rounds=3):
-    state = algorithm().init(initial_params(), {"lr": LR, "tilt": tilt, "sample_tilt": sample_tilt})
-    return run_rounds(algorithm(), state, num_rounds, KEY)[0]
+    hierarchical = algorithm(0.0)  # One compiled round for every tau (a traced hyperparameter).
+    state = hierarchical.init(initial_params(), {"lr": LR, "tilt": tilt, "sample_tilt": sample_tilt})
+    return run_rounds(hierarchical, state, num_rounds, KEY)[0]
 
 
 def test_hierarchical_rounds_equal_a_numpy_loop_over_clients():
@@ -84,6 +85,8 @@ def test_hierarchical_rounds_equal_a_numpy_loop_over_clients():
 
 
 def test_zero_sample_tilt_is_the_client_level_tilt():
+    # The hierarchical round at tau = 0 against the client-level round (no sample tilt in it).
+    assert "sample_tilt" not in algorithm().hparam_defaults
     for a, b in zip(
         jax.tree.leaves(run_hierarchical(1.5, 0.0).params), jax.tree.leaves(run(1.5).params), strict=True
     ):

@@ -1,6 +1,7 @@
 """Every algorithm from the command line, with its flags; bad algorithm
 settings exit 2 with one line; unused settings are accepted with a warning."""
 
+import dataclasses
 import json
 import os
 import re
@@ -208,6 +209,13 @@ def test_dp_fedadam_steps_with_adam_and_the_runs_server_settings():
     found = [s for s in jax.tree.leaves(opt_states["dp-fedadam"], is_leaf=lambda x: isinstance(
         x, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
     assert len(found) == 1
+    assert run_setup.algorithms["dp-fedadam"].name == "dp-fedadam"
+    # The public registry builds it so too, from an engine without the run's settings (adam's defaults).
+    from jaxfl.algorithms import build_algorithm
+
+    engine = dataclasses.replace(run_setup.engine, server_settings=None)
+    state = build_algorithm("dp-fedadam", engine).init(params, {})
+    assert jax.tree.structure(state.opt_state) == jax.tree.structure(server_optimizer("adam").init(params))
 
 
 @pytest.mark.parametrize(

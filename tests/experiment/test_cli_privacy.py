@@ -69,6 +69,12 @@ def test_summary_has_the_privacy_object(dp_run):
         assert privacy["sampling_rate"] == 5 / 40 and privacy["rounds"] == 4
         assert privacy["clip_norm"] == pytest.approx(0.7)
         assert privacy["sensitivity"] == pytest.approx(1.4)
+        # DP^2's RMSProp-phase rounds clip to their own C2 (default 1): their noise is reported too.
+        second = privacy.get("rmsprop_phase")
+        assert (second is not None) == (name == "dp2")
+        if second:
+            assert second["sensitivity"] == 2.0
+            assert second["noise_stddev"] == pytest.approx(2.0 * privacy["noise_multiplier"])
         assert privacy["noise_stddev"] == pytest.approx(
             1.4 * privacy["noise_multiplier"]
         )

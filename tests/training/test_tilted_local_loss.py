@@ -77,3 +77,12 @@ def test_a_clients_tilted_risk_over_chunks_against_numpy(chunk_size):
                                                                chunk_size=chunk_size))
         np.testing.assert_allclose(loss(jnp.float32(0.0))[0], mean()[0], rtol=1e-6)
         np.testing.assert_allclose(errors, mean()[1])
+
+
+def test_a_batch_of_padding_has_loss_zero_and_no_gradient():
+    data = POPULATION.client(0)
+    batch = {"x": jnp.asarray(data["x"][:4]), "y": jnp.asarray(data["y"][:4])}
+    value, grads = jax.value_and_grad(
+        lambda q: tilted_minibatch_loss(TASK, q, batch, jnp.zeros(4, bool), jnp.float32(2.0))
+    )(params())
+    assert value == 0.0 and all(np.all(g == 0) for g in jax.tree.leaves(grads))
