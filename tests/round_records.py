@@ -31,6 +31,11 @@ import numpy as np
 RECORDS = Path(__file__).parent / "records"
 RTOL = 1e-5
 ATOL = 1e-6
+# Wider tolerances where an algorithm amplifies another CPU's rounding: Per-FedAvg (HF)'s Hessian-vector
+# product by central differences, (g(w + d v) - g(w - d v)) / (2 d) with d = 1e-3, multiplies the gradients'
+# last-bit differences by about 1 / (2 d) = 500 (an AMD EPYC's parameters differ from an Intel Xeon's record
+# by 5e-5 relative at 19ac587, before any change to the round).
+TOLERANCES = {"perfedavg": (1e-3, 1e-5)}
 # Run outputs that are not results (times, where files are).
 _NOT_RESULTS = {"timing", "results_dir", "out"}
 
@@ -79,31 +84,35 @@ def assert_matches_record(name: str, run_dir: Path, algorithms) -> None:
         new, old = found[algorithm], recorded[algorithm]
         if exact:
             assert new["params_sha256"] == old["params_sha256"], f"{name}/{algorithm}: parameters differ"
-            assert new.get("personal_sha256") == old.get("personal_sha256"), f"{name}/{algorithm}: personal models"
+            same = new.get("personal_sha256") == old.get("personal_sha256")
+            assert same, f"{name}/{algorithm}: personal models"
+        tolerance = TOLERANCES.get(algorithm, (RTOL, ATOL))
         for key in old:
             if key.endswith("sha256"):
                 continue
-            _assert_close(new.get(key), old[key], f"{name}/{algorithm}/{key}", exact)
+            _assert_close(new.get(key), old[key], f"{name}/{algorithm}/{key}", exact, tolerance)
 
 
-def _assert_close(new, old, where: str, exact: bool) -> None:
+def _assert_close(new, old, where: str, exact: bool, tolerance=(RTOL, ATOL)) -> None:
     if isinstance(old, dict):
-        assert isinstance(new, dict) and sorted(new) == sorted(old), f"{where}: keys {new!r:.200} != {old!r:.200}"
+        keys = f"{where}: keys {sorted(new)!r:.200} != {sorted(old)!r:.200}" if isinstance(new, dict) else ""
+        assert isinstance(new, dict) and sorted(new) == sorted(old), keys
         for key in old:
-            _assert_close(new[key], old[key], f"{where}/{key}", exact)
+            _assert_close(new[key], old[key], f"{where}/{key}", exact, tolerance)
     elif isinstance(old, list):
         assert isinstance(new, list) and len(new) == len(old), f"{where}: lengths differ"
         for i, (a, b) in enumerate(zip(new, old)):
-            _assert_close(a, b, f"{where}[{i}]", exact)
+            _assert_close(a, b, f"{where}[{i}]", exact, tolerance)
     elif isinstance(old, str) and _is_number(old) and _is_number(new):
-        _assert_close(float(new), float(old), where, exact)
+        _assert_close(float(new), float(old), where, exact, tolerance)
     elif isinstance(old, float) or (isinstance(old, int) and isinstance(new, float)):
         if math.isnan(old):
             assert math.isnan(new), f"{where}: {new} is not NaN"
         elif exact:
             assert new == old, f"{where}: {new!r} != {old!r}"
         else:
-            assert math.isclose(new, old, rel_tol=RTOL, abs_tol=ATOL), f"{where}: {new!r} != {old!r}"
+            close = math.isclose(new, old, rel_tol=tolerance[0], abs_tol=tolerance[1])
+            assert close, f"{where}: {new!r} != {old!r}"
     else:
         assert new == old, f"{where}: {new!r} != {old!r}"
 
