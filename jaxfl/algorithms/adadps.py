@@ -55,8 +55,7 @@ def side_information_names(params: Params) -> list[str]:
 
 
 def _leaf_name(path) -> str:
-    return "/".join(str(getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry))))
-                    for entry in path)
+    return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 def side_information_tree(params: Params, side_information: Mapping[str, np.ndarray] | Params) -> Params:
