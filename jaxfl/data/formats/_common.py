@@ -1,9 +1,10 @@
-"""Helpers shared by the format readers: file checks and one-line messages."""
+"""Helpers shared by the format readers: file checks, one-line messages, the context-manager protocol."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Self
 
 from jaxfl.data.errors import DataFileError, MissingDataError
 
@@ -44,3 +45,16 @@ def missing_dependency(path: Path, what: str, package: str) -> DataFileError:
     return DataFileError(
         f"{path}: reading {what} needs the Python package '{package}' (pip install {package})"
     )
+
+
+class ClosingReader:
+    """A reader that holds a file open: `with Reader(...) as r:` calls `r.close()` on leaving."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -8,15 +8,18 @@ front: bytes 0-15 are the magic string, 16-17 the page size (1 means 65536),
 28-31 the number of pages. That page count is valid when bytes 92-95 (the
 "version-valid-for" number) equal bytes 24-27 (the change counter), which
 every SQLite since 3.7.0 writes.
+
+`SqliteReader` is what the FedJAX and TFF SQLite readers share.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from jaxfl.data.errors import DataFileError
-from jaxfl.data.formats._common import one_line
+from jaxfl.data.formats._common import ClosingReader, one_line
 
 _MAGIC = b"SQLite format 3\x00"
 
@@ -64,3 +67,37 @@ def tables(connection: sqlite3.Connection) -> dict[str, set[str]]:
         for name in names
         if "'" not in name
     }
+
+
+class SqliteReader(ClosingReader):
+    """A reader of one SQLite file, open read-only as `_connection`.
+
+    Subclasses set `path` and `_connection` when they open the file, and
+    `_kind`, the format's name in messages.
+    """
+
+    _kind: str
+    path: Path
+    _connection: sqlite3.Connection
+
+    def _guard(self, fn):
+        """Runs `fn`, turning SQLite errors (a damaged file) into DataFileError."""
+        try:
+            return fn()
+        except sqlite3.Error as err:
+            raise DataFileError(f"{self.path}: damaged {self._kind} file ({one_line(err)})") from None
+
+    def _client_id(self, cid: Any) -> str:
+        """A client id as stored (TEXT or BLOB) as str: bytes are decoded as UTF-8."""
+        if isinstance(cid, str):
+            return cid
+        if isinstance(cid, bytes):
+            try:
+                return cid.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        raise DataFileError(f"{self.path}: client id {cid!r} is not UTF-8 text")
+
+    def close(self) -> None:
+        """Closes the database."""
+        self._connection.close()

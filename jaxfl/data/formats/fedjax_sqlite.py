@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats._common import missing_dependency, one_line, require_file
-from jaxfl.data.formats._sqlite import connect_readonly, tables
+from jaxfl.data.formats._sqlite import SqliteReader, connect_readonly, tables
 
 __all__ = [
     "FedjaxSqlite",
@@ -148,7 +148,7 @@ def decode_fedjax_blob(blob: bytes, *, where: str = "FedJAX data") -> dict[str, 
     return value
 
 
-class FedjaxSqlite:
+class FedjaxSqlite(SqliteReader):
     """A FedJAX SQLite file (e.g. `federated_emnist_train.sqlite`), read client by client.
 
     The format is described in this module's docstring; it was checked
@@ -160,6 +160,8 @@ class FedjaxSqlite:
     Attributes:
       path: the file.
     """
+
+    _kind = _KIND
 
     def __init__(self, path: str | os.PathLike[str]):
         """Opens the file and checks its schema.
@@ -185,32 +187,6 @@ class FedjaxSqlite:
         except BaseException:
             self._connection.close()
             raise
-
-    def _guard(self, fn):
-        try:
-            return fn()
-        except sqlite3.Error as err:
-            raise DataFileError(f"{self.path}: damaged {_KIND} file ({one_line(err)})") from None
-
-    def close(self) -> None:
-        """Closes the database."""
-        self._connection.close()
-
-    def __enter__(self) -> FedjaxSqlite:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    def _client_id(self, cid: Any) -> str:
-        if isinstance(cid, str):
-            return cid
-        if isinstance(cid, bytes):
-            try:
-                return cid.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        raise DataFileError(f"{self.path}: client id {cid!r} is not UTF-8 text")
 
     def client_counts(self) -> list[tuple[str, int]]:
         """(client id, num_examples) for every client, in FedJAX's order (rowid)."""

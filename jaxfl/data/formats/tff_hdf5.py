@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxfl.data.errors import DataFileError
-from jaxfl.data.formats._common import missing_dependency, one_line, require_file
+from jaxfl.data.formats._common import ClosingReader, missing_dependency, one_line, require_file
 
 __all__ = ["TffHdf5"]
 
@@ -42,7 +42,7 @@ def _bytes_array(values: np.ndarray) -> np.ndarray:
     return out
 
 
-class TffHdf5:
+class TffHdf5(ClosingReader):
     """One TFF HDF5 file (e.g. `fed_emnist_train.h5`), read client by client.
 
     The format is described in this module's docstring; it was checked
@@ -101,12 +101,6 @@ class TffHdf5:
     def close(self) -> None:
         """Closes the file."""
         self._file.close()
-
-    def __enter__(self) -> TffHdf5:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     def _group(self, cid: str):
         group = self._examples.get(cid)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import lzma
 import os
-import sqlite3
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats._common import CHUNK_BYTES, one_line, require_file
-from jaxfl.data.formats._sqlite import connect_readonly, tables
+from jaxfl.data.formats._sqlite import SqliteReader, connect_readonly, tables
 from jaxfl.data.formats.tf_example import Feature, parse_example
 
 __all__ = ["TffSqlite", "decompress_lzma"]
@@ -104,7 +103,7 @@ def decompress_lzma(
     return target
 
 
-class TffSqlite:
+class TffSqlite(SqliteReader):
     """A TFF SQLite file (`emnist_all.sqlite`, `stackoverflow.sqlite`, ...), read client by client.
 
     The format is described in this module's docstring; it was checked
@@ -117,6 +116,8 @@ class TffSqlite:
       path: the (decompressed) SQLite file being read.
       source: the file that was given (the `.lzma` one where it was compressed).
     """
+
+    _kind = _KIND
 
     def __init__(
         self,
@@ -175,25 +176,8 @@ class TffSqlite:
             raise DataFileError(f"{self.path}: table 'client_metadata' lacks {', '.join(sorted(missing))}")
         return True
 
-    def _guard(self, fn):
-        """Runs `fn`, turning SQLite errors (a damaged file) into DataFileError."""
-        try:
-            return fn()
-        except sqlite3.Error as err:
-            raise DataFileError(f"{self.path}: damaged {_KIND} file ({one_line(err)})") from None
-
     def _rows(self, sql: str, params: tuple = ()) -> list[tuple]:
         return self._guard(lambda: self._connection.execute(sql, params).fetchall())
-
-    def close(self) -> None:
-        """Closes the database."""
-        self._connection.close()
-
-    def __enter__(self) -> TffSqlite:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     def splits(self) -> list[str]:
         """The split names, sorted (e.g. `['all_test', 'all_train', ...]`)."""
@@ -222,16 +206,6 @@ class TffSqlite:
                 "GROUP BY client_id ORDER BY client_id"
             )
         return [(self._client_id(cid), int(n)) for cid, n in self._rows(sql, (split,))]
-
-    def _client_id(self, cid: Any) -> str:
-        if isinstance(cid, str):
-            return cid
-        if isinstance(cid, bytes):
-            try:
-                return cid.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        raise DataFileError(f"{self.path}: client id {cid!r} is not text")
 
     def iter_clients(self, split: str) -> Iterator[tuple[str, list[dict[str, Feature]]]]:
         """Yields (client id, its parsed examples) for every client of `split`, by client id.
