@@ -205,17 +205,36 @@ def stack_examples(examples: Sequence[Mapping[str, Any]], where: str) -> dict[st
     return arrays
 
 
+def _reader_source(
+    path: Path,
+    open_reader: Callable[[], Any],
+    count: Callable[[Any], int],
+    iterate: Callable[[Any], Iterable[tuple[str, dict]]],
+) -> ClientSource:
+    """A `ClientSource` of a format reader: opened once now to count the clients, and anew per pass.
+
+    Args:
+      path: the file (for messages and the cache key).
+      open_reader: opens the file (a context manager).
+      count: the number of clients, from the open reader.
+      iterate: the (client id, feature name -> array) pairs, from the open reader.
+    """
+    with open_reader() as file:
+        total = count(file)
+
+    def clients():
+        with open_reader() as file:
+            yield from iterate(file)
+
+    return ClientSource(path, total, clients)
+
+
 def tff_hdf5_source(path: Path) -> ClientSource:
     from jaxfl.data.formats.tff_hdf5 import TffHdf5
 
-    with TffHdf5(path) as file:
-        total = len(file.client_ids())
-
-    def clients():
-        with TffHdf5(path) as file:
-            yield from file.iter_clients()
-
-    return ClientSource(path, total, clients)
+    return _reader_source(
+        path, lambda: TffHdf5(path), lambda file: len(file.client_ids()), lambda file: file.iter_clients()
+    )
 
 
 def _decompress_dir(path: Path) -> Path:
@@ -236,15 +255,14 @@ def tff_sqlite_source(path: Path, split: str) -> ClientSource:
     from jaxfl.data.formats.tff_sqlite import TffSqlite
 
     work_dir = _decompress_dir(path)
-    with TffSqlite(path, work_dir=work_dir) as file:
-        total = len(file.client_counts(split))
 
-    def clients():
-        with TffSqlite(path, work_dir=work_dir) as file:
-            for client, examples in file.iter_clients(split):
-                yield client, stack_examples(examples, f"{path.name}: client {client!r}")
+    def stacked(file):
+        for client, examples in file.iter_clients(split):
+            yield client, stack_examples(examples, f"{path.name}: client {client!r}")
 
-    return ClientSource(path, total, clients)
+    return _reader_source(
+        path, lambda: TffSqlite(path, work_dir=work_dir), lambda file: len(file.client_counts(split)), stacked
+    )
 
 
 def tff_sqlite_splits(path: Path) -> list[str]:
@@ -257,14 +275,12 @@ def tff_sqlite_splits(path: Path) -> list[str]:
 def fedjax_sqlite_source(path: Path) -> ClientSource:
     from jaxfl.data.formats.fedjax_sqlite import FedjaxSqlite
 
-    with FedjaxSqlite(path) as file:
-        total = len(file.client_counts())
-
-    def clients():
-        with FedjaxSqlite(path) as file:
-            yield from file.iter_clients()
-
-    return ClientSource(path, total, clients)
+    return _reader_source(
+        path,
+        lambda: FedjaxSqlite(path),
+        lambda file: len(file.client_counts()),
+        lambda file: file.iter_clients(),
+    )
 
 
 def split_clients_by_name(names: Sequence[str], test_fraction: float, seed: int) -> set[str]:
