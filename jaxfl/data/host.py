@@ -33,11 +33,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.data.population import ClientPopulation, GatheredCohort, PackedLayout
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class HostPopulation:
+class HostPopulation(PackedLayout):
     """Packed examples of N clients in host memory (usually memory-mapped).
 
     Attributes:
@@ -89,14 +89,6 @@ class HostPopulation:
             for name, array in self.features.items()
             if isinstance(array, np.memmap) and array.filename is not None
         }
-
-    @property
-    def num_clients(self) -> int:
-        return int(self.counts.shape[0])
-
-    @property
-    def num_examples(self) -> int:
-        return int(next(iter(self.features.values())).shape[0])
 
     @functools.cached_property
     def max_count(self) -> int:

@@ -21,9 +21,26 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class PackedLayout:
+    """The sizes of a packed population, read off its `features` and `counts`.
+
+    N = len(counts), the number of clients; E = the rows of a feature (every
+    feature has E). Shared by the device-resident `ClientPopulation` and the
+    host-resident `jaxfl.data.host.HostPopulation`.
+    """
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def num_examples(self) -> int:
+        return int(next(iter(self.features.values())).shape[0])
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ClientPopulation:
+class ClientPopulation(PackedLayout):
     """Packed examples of N clients.
 
     Attributes:
@@ -45,14 +62,6 @@ class ClientPopulation:
     counts: jax.Array
     max_count: int = dataclasses.field(metadata=dict(static=True))
     held_out: ClientPopulation | None = None
-
-    @property
-    def num_clients(self) -> int:
-        return int(self.counts.shape[0])
-
-    @property
-    def num_examples(self) -> int:
-        return int(next(iter(self.features.values())).shape[0])
 
     @property
     def example_client_ids(self) -> jax.Array:
