@@ -31,6 +31,18 @@ initialization. The methods:
 
     python scripts/term_class_imbalance.py --seeds 0 1 2
 
+On the real data (`--dataset`, the files in `--data-dir`):
+
+* `mnist`: the thesis's own task, MNIST's 9 (common) against 4 (rare), as in the TERM code release
+  (`class_imbalance/mnist`, after Ren et al.), from the four IDX files (`jaxfl.data.formats.idx`);
+* `hiv1`: the HIV-1 protease cleavage octamers (160 one-hot features; `jaxfl.data.formats.hiv1_cleavage`),
+  not cleaved (common) against cleaved (rare), the thesis's data for its hierarchical class-imbalance
+  experiment (Table 7.8; its 1:4 and 1:20 ratios are shares 20% and 4.8%): 80/10/10 by a permutation of
+  seed 0, the last 10% the test set; the training draw is as large as the shares allow (at most 5,000).
+
+    python scripts/term_class_imbalance.py --dataset mnist --data-dir ~/mnist --seeds 0 1 2
+    python scripts/term_class_imbalance.py --dataset hiv1 --data-dir TERM/hierarchical/data/hiv1/raw
+
 References:
   [Li 2023] T. Li. Scalable and Trustworthy Learning in Heterogeneous Networks. PhD thesis, Carnegie
     Mellon University, 2023 (Section 7.7.2.4, Figure 7.14; Algorithm 16).
@@ -58,36 +70,68 @@ NUM_TRAIN, HIDDEN, STEPS, BATCH, LEARNING_RATE = 5000, 64, 1000, 100, 0.1
 TILT, CONTINUATION, NORMALIZER_DECAY, FOCAL_GAMMA, FOCAL_ALPHA = 100.0, 250, 0.2, 2.0, 0.05
 
 
-def two_classes(data_dir=None):
-    """(train x, train y, test x, test y) of the two classes, x in [0, 1] [n, 784], y 1 for the rare one."""
+# --dataset -> (the common class, the rare class, the shares of the rare class in the training draw).
+DATASETS = {
+    "fashion-mnist": (COMMON, RARE, MINORITY_SHARES),
+    "mnist": (9, 4, MINORITY_SHARES),
+    "hiv1": (0, 1, (1 / 5, 1 / 21)),
+}
+# Centralized use of the image loaders: one client, every example.
+CENTRALIZED = {"num_clients": 1, "partition": "iid", "num_test_clients": 1}
+
+
+def two_classes(data_dir=None, dataset: str = "fashion-mnist"):
+    """(train x, train y, test x, test y) of the two classes, x in [0, 1] [n, d], y 1 for the rare one."""
     from jaxfl.data.registry import load_dataset
 
-    dataset = load_dataset("fashion-mnist", data_dir=data_dir)
+    common, rare = DATASETS[dataset][:2]
+    if dataset == "hiv1":
+        from jaxfl.data.formats import read_hiv1_cleavage
+
+        if data_dir is None:
+            raise ValueError("--dataset hiv1 needs --data-dir (the folder of the HIV-1 cleavage *.txt files)")
+        x, y, _ = read_hiv1_cleavage(data_dir)
+        order = np.random.default_rng(0).permutation(len(y))
+        train, test = order[: int(0.8 * len(y))], order[int(0.9 * len(y)) :]
+        x = x.astype(np.float32)
+        return x[train], (y[train] == rare).astype(np.int32), x[test], (y[test] == rare).astype(np.int32)
+    if dataset == "fashion-mnist":
+        loaded = load_dataset("fashion-mnist", data_dir=data_dir)
+    else:
+        loaded = load_dataset(dataset, data_dir=data_dir, **CENTRALIZED)
 
     def pick(population):
         x = np.asarray(population.features["x"], np.float32).reshape(population.num_examples, -1)
         y = np.asarray(population.features["y"])
-        keep = (y == COMMON) | (y == RARE)
-        return x[keep], (y[keep] == RARE).astype(np.int32)
+        keep = (y == common) | (y == rare)
+        return x[keep], (y[keep] == rare).astype(np.int32)
 
-    return (*pick(dataset.train), *pick(dataset.test))
+    return (*pick(loaded.train), *pick(loaded.test))
 
 
-def imbalanced(x, y, share: float, seed: int):
-    """NUM_TRAIN examples drawn without replacement, round(share * NUM_TRAIN) of them of the rare class."""
+def training_size(y, shares) -> int:
+    """NUM_TRAIN, or less where a class has too few examples for every share's draw."""
+    rare, common = int(np.sum(y == 1)), int(np.sum(y == 0))
+    return min(NUM_TRAIN, int(common / (1 - min(shares))), int(rare / max(shares)))
+
+
+def imbalanced(x, y, share: float, seed: int, num_train: int | None = None):
+    """num_train (default NUM_TRAIN) examples drawn without replacement, share of them of the rare class."""
+    num_train = NUM_TRAIN if num_train is None else num_train
     rng = np.random.default_rng(seed)
-    rare = int(round(share * NUM_TRAIN))
+    rare = int(round(share * num_train))
     rows = np.concatenate([
         rng.choice(np.flatnonzero(y == 1), rare, replace=False),
-        rng.choice(np.flatnonzero(y == 0), NUM_TRAIN - rare, replace=False),
+        rng.choice(np.flatnonzero(y == 0), num_train - rare, replace=False),
     ])
     return x[rows], y[rows]
 
 
-def init(key):
+def init(key, num_inputs: int = 784):
     first, second = jax.random.split(key)
     return {
-        "w1": jax.random.normal(first, (784, HIDDEN)) * jnp.sqrt(2.0 / 784), "b1": jnp.zeros(HIDDEN),
+        "w1": jax.random.normal(first, (num_inputs, HIDDEN)) * jnp.sqrt(2.0 / num_inputs),
+        "b1": jnp.zeros(HIDDEN),
         "w2": jax.random.normal(second, (HIDDEN, 2)) * jnp.sqrt(1.0 / HIDDEN), "b2": jnp.zeros(2),
     }
 
@@ -109,7 +153,7 @@ def example_loss(method: str, params, example):
 def train(method: str, key, x, y) -> jax.Array:
     """The trained parameters (jit-compiled per method; the data are arguments)."""
     init_key, data_key = jax.random.split(key)
-    params = init(init_key)
+    params = init(init_key, x.shape[1])
     counts = jnp.stack([jnp.sum(y == 0), jnp.sum(y == 1)]).astype(jnp.float32)
     class_weight = x.shape[0] / (2.0 * counts)
     term, per_batch = method.startswith("TERM"), method.endswith("per batch)")
@@ -163,24 +207,31 @@ def balanced_accuracy(params, x, y) -> float:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--data-dir", help="folder of Fashion-MNIST's IDX files (default: Debian's)")
+    parser.add_argument(
+        "--dataset", choices=sorted(DATASETS), default="fashion-mnist",
+        help="fashion-mnist: the substitute; mnist, hiv1: the thesis's data, from --data-dir",
+    )  # fmt: skip
+    parser.add_argument("--data-dir", help="folder of the dataset's files (Fashion-MNIST default: Debian's)")
     args = parser.parse_args(argv)
-    train_x, train_y, test_x, test_y = two_classes(args.data_dir)
+    train_x, train_y, test_x, test_y = two_classes(args.data_dir, args.dataset)
+    shares = DATASETS[args.dataset][2]
+    num_train = training_size(train_y, shares)
     compiled = {method: jax.jit(lambda key, x, y, m=method: train(m, key, x, y)) for method in METHODS}
-    accuracy = {(m, share): [] for m in METHODS for share in MINORITY_SHARES}
-    for share in MINORITY_SHARES:
+    accuracy = {(m, share): [] for m in METHODS for share in shares}
+    for share in shares:
         for seed in args.seeds:
-            x, y = imbalanced(train_x, train_y, share, seed)
+            x, y = imbalanced(train_x, train_y, share, seed, num_train)
             for method in METHODS:
                 params = compiled[method](jax.random.key(seed), jnp.asarray(x), jnp.asarray(y))
                 accuracy[method, share].append(balanced_accuracy(params, test_x, test_y))
-    print(f"balanced test accuracy (pullover vs coat), mean (std) over seeds {args.seeds}")
-    print("| method | " + " | ".join(f"{100 * s:g}% coats" for s in MINORITY_SHARES) + " |")
-    print("|---|" + "---|" * len(MINORITY_SHARES))
+    names = {"fashion-mnist": ("pullover", "coat"), "mnist": ("9", "4"), "hiv1": ("not cleaved", "cleaved")}
+    common, rare = names[args.dataset]
+    print(f"{args.dataset}: balanced test accuracy ({common} vs {rare}), {num_train} training examples, "
+          f"{len(test_y)} test examples, mean (std) over seeds {args.seeds}")  # fmt: skip
+    print("| method | " + " | ".join(f"{100 * s:.3g}% {rare}" for s in shares) + " |")
+    print("|---|" + "---|" * len(shares))
     for method in METHODS:
-        cells = [
-            f"{np.mean(accuracy[method, s]):.3f} ({np.std(accuracy[method, s]):.3f})" for s in MINORITY_SHARES
-        ]
+        cells = [f"{np.mean(accuracy[method, s]):.3f} ({np.std(accuracy[method, s]):.3f})" for s in shares]
         print(f"| {method} | " + " | ".join(cells) + " |")
 
 
