@@ -35,9 +35,7 @@ def write_hiv1(directory: Path, rng, sizes=(("746Data.txt", 120), ("1625Data.txt
     directory.mkdir(parents=True, exist_ok=True)
     letters = np.array(list("ARNDCQEGHILKMFPSTWYV"))
     for name, n in sizes:
-        lines = [
-            f"{''.join(rng.choice(letters, 8))},{1 if rng.random() < 0.25 else -1}" for _ in range(n)
-        ]
+        lines = [f"{''.join(rng.choice(letters, 8))},{1 if rng.random() < 0.25 else -1}" for _ in range(n)]
         (directory / name).write_text("\n".join(lines) + "\n")
     return directory
 
@@ -57,3 +55,22 @@ def write_aclimdb(directory: Path, rng, per_folder: int = 12, unsup: int = 6) ->
     for i in range(unsup):
         (root / "train/unsup" / f"{i}_0.txt").write_text(" ".join(rng.choice(good + bad + neutral, 12)))
     return root
+
+
+def write_stackoverflow(
+    directory: Path, rng, train_sizes=(6, 5, 7), test_sizes=(4, 3), held_out=(3,)
+) -> Path:
+    """TFF's HDF5 files (train, held_out, test) with `stackoverflow.word_count` and `.tag_count`."""
+    import json
+
+    from data.writers import stackoverflow_like, write_tff_hdf5
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, sizes in (("train", train_sizes), ("test", test_sizes), ("held_out", held_out)):
+        write_tff_hdf5(directory / f"stackoverflow_{split}.h5", stackoverflow_like(rng, sizes))
+    words = [f"tok{i}" for i in range(40)]  # tok40-tok49 are out of the vocabulary.
+    (directory / "stackoverflow.word_count").write_text(
+        "".join(f"{w} {100 - i}\n" for i, w in enumerate(words))
+    )
+    (directory / "stackoverflow.tag_count").write_text(json.dumps({"python": 9, "c++": 7, "numpy": 5}))
+    return directory

@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from real_data_files import write_aclimdb, write_stackoverflow
 from reference import imported_script
+
+from jaxfl.data.formats.aclimdb import read_aclimdb, top_words
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "private_optimizers_text.py"
 PLAY = "# {title}\n\n**{role}**  \n{line}\n\n**OTHER**  \n{other}\n"
@@ -54,3 +57,48 @@ def test_the_library_optimizers_train_and_are_scored(script, method):
     data = tuple(jnp.asarray(a) for a in (x[:32], y[:32], x[32:], y[32:], np.full(12, 0.5, np.float32)))
     accuracy = float(jax.jit(lambda lr: script.train(method, 0.5, lr, jax.random.key(0), data))(0.1))
     assert 0.0 <= accuracy <= 1.0
+
+
+def test_imdb_reviews_give_presence_ids_and_side_information_from_unsup(script, tmp_path):
+    root = write_aclimdb(tmp_path, np.random.default_rng(0))
+    train_x, train_y, test_x, test_y, side, source = script.imdb_task(root)
+    assert train_x.dtype == np.int32 and len(train_y) == 24 and len(test_y) == 24 and train_y.sum() == 12
+    words = top_words(read_aclimdb(root).train_texts)
+    assert side.shape == (len(words),) and side.max() == 1.0 and source == "train/unsup"
+    dense = np.asarray(script.features(jnp.asarray(test_x), len(words)))
+    expected = script.bag_of_words(read_aclimdb(root).test_texts, {w: i for i, w in enumerate(words)})
+    np.testing.assert_array_equal(dense, expected)  # The ids are the word-presence bag of words.
+    params = {"w": jnp.arange(len(words), dtype=jnp.float32), "b": jnp.ones(())}
+    logits = script.logits_of(params, jnp.asarray(test_x))
+    np.testing.assert_allclose(logits, expected @ np.arange(len(words)) + 1)
+
+
+def small_stackoverflow(script, monkeypatch):
+    """The vocabulary and tags of the tiny files."""
+    monkeypatch.setattr(script, "STACKOVERFLOW_WORDS", 40)
+    monkeypatch.setattr(script, "STACKOVERFLOW_TAGS", 3)
+
+
+def test_stackoverflow_posts_are_pooled_with_their_tags_and_held_out_side(script, tmp_path, monkeypatch):
+    small_stackoverflow(script, monkeypatch)
+    monkeypatch.setattr(script, "STACKOVERFLOW_TRAIN", 10)
+    train_x, train_y, test_x, test_y, side, source = script.stackoverflow_task(
+        write_stackoverflow(tmp_path, np.random.default_rng(0))
+    )
+    assert train_x.shape[0] == 10 and test_x.shape[0] == 7 and train_y.shape == (10, 3)
+    assert side.shape == (40,) and source == "the held-out clients' posts"
+    assert train_x.min() >= 0 and train_x.max() <= 40 and set(np.unique(train_y)) == {0.0, 1.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["imdb", "stackoverflow"])
+def test_the_protocol_runs_on_the_users_files(script, tmp_path, capsys, monkeypatch, dataset):
+    small_stackoverflow(script, monkeypatch)
+    rng = np.random.default_rng(0)
+    if dataset == "imdb":
+        directory = write_aclimdb(tmp_path, rng)
+    else:
+        directory = write_stackoverflow(tmp_path, rng)
+    script.main(["--dataset", dataset, "--data-dir", str(directory), "--seeds", "0"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"{dataset}: ") and out.count("| dp") == 3 and "nan" not in out
