@@ -69,12 +69,15 @@ def tilted_softmax_regression_grad(kernel, bias, x, y, tilt):
 def local_sgd_reference(
     kernel, bias, x, y, orders, *, batch_size, num_epochs, lr, l2=0.0, mu=0.0,
     max_steps=None, correction=(0.0, 0.0), preconditioner=(1.0, 1.0), sample_tilt=0.0,
+    example_clip=None, step_noise=None,
 ):
     """Minibatch SGD over `orders[e]` (the engine's epoch orders), real steps only.
 
     `correction` (kernel, bias) is added to every step's gradient (control variates), which is then
     divided by `preconditioner` (kernel, bias) entry by entry. A nonzero `sample_tilt` descends each
-    minibatch's tilted risk instead of its mean loss.
+    minibatch's tilted risk instead of its mean loss. With `example_clip` C, a step's gradient is
+    DP-SGD's: each example's gradient clipped to l2 norm C (kernel and bias together), summed, plus
+    `step_noise(step)` (a (kernel, bias) pair, or zeros), over the batch size.
     """
     kernel, bias = np.array(kernel, np.float64), np.array(bias, np.float64)
     anchor_kernel, anchor_bias = kernel.copy(), bias.copy()
@@ -87,6 +90,17 @@ def local_sgd_reference(
                 return kernel, bias, steps
             rows = order[start : start + batch_size]
             g_kernel, g_bias, _ = softmax_regression_grad(kernel, bias, x[rows], y[rows])
+            if example_clip is not None:
+                g_kernel, g_bias = np.zeros_like(kernel), np.zeros_like(bias)
+                for row in rows:
+                    one = slice(row, row + 1)
+                    e_kernel, e_bias, _ = softmax_regression_grad(kernel, bias, x[one], y[one])
+                    norm = np.sqrt(np.sum(e_kernel**2) + np.sum(e_bias**2))
+                    scale = min(1.0, example_clip / norm)
+                    g_kernel, g_bias = g_kernel + scale * e_kernel, g_bias + scale * e_bias
+                noise = (0.0, 0.0) if step_noise is None else step_noise(steps)
+                g_kernel = (g_kernel + noise[0]) / batch_size
+                g_bias = (g_bias + noise[1]) / batch_size
             if sample_tilt != 0:
                 g_kernel, g_bias = tilted_softmax_regression_grad(kernel, bias, x[rows], y[rows], sample_tilt)
             g_kernel = (g_kernel + mu * (kernel - anchor_kernel) + correction[0]) / preconditioner[0]

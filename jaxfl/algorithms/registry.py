@@ -43,6 +43,7 @@ References:
   [Acar et al. 2021] Federated Learning Based on Dynamic Regularization. ICLR 2021.
   [Li et al. 2019] FedDANE: A Federated Newton-Type Method. Asilomar 2019.
   [Wang et al. 2020] Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization.
+  [Abadi et al. 2016] Deep Learning with Differential Privacy. CCS 2016.
 """
 
 from __future__ import annotations
@@ -336,19 +337,22 @@ _DP_UPDATES = {
     "clip_norm": Setting(1.0, "l2 norm bound C > 0 of each client's update", low=0.0, low_open=True,
                          section="privacy"),
     "dp_noise_multiplier": Setting(
-        None, "update noise std over its sensitivity 2C (unset: calibrated to --epsilon; set: epsilon is "
-        "only reported)", type="float | None", low=0.0, low_open=True, optional=True, section="privacy",
+        None, "noise std over the sensitivity 2C of what is noised: the cohort's update sum (dp-sgd-fedavg: "
+        "each local step's gradient sum) (unset: calibrated to --epsilon; set: epsilon is only reported)",
+        type="float | None", low=0.0, low_open=True, optional=True, section="privacy",
     ),
 }
 # What the DP algorithms' budgets read (`DpBudget.calibrate`): the guarantee is
 # client-level (epsilon, delta)-DP for the whole run.
 _DP_BUDGET = {
     "epsilon": Setting(
-        5.0, "target epsilon > 0 of the whole run's (epsilon, delta) client-level DP",
+        5.0, "target epsilon > 0 of the whole run's (epsilon, delta) DP, client-level (dp-sgd-fedavg: "
+        "example-level)",
         low=0.0, low_open=True, section="privacy",
     ),
     "delta": Setting(
-        None, "delta in (0, 1) (unset: 1/n, n the training clients)", type="float | None",
+        None, "delta in (0, 1) (unset: 1/n, n the training clients; dp-sgd-fedavg: the training examples)",
+        type="float | None",
         low=0.0, high=1.0, low_open=True, high_open=True, optional=True, section="privacy",
     ),
     "dp_trust_model": Setting(
@@ -723,6 +727,20 @@ SPECS["dp2"] = AlgorithmSpec(
         )
     },
     privacy_budget="jaxfl.privacy.budget:DP_FEDAVG_BUDGET",
+    privacy_settings=_DP_BUDGET,
+)
+SPECS["dp-sgd-fedavg"] = AlgorithmSpec(
+    "jaxfl.algorithms.dp_sgd_fedavg:dp_sgd_fedavg",
+    "FedAvg whose clients train by DP-SGD (Abadi et al. 2016): example-level DP, per-example clipping and "
+    "Gaussian noise in every local step",
+    hparams={
+        "example_clip_norm": Setting(
+            1.0, "l2 norm bound C > 0 of each example's gradient in a local DP-SGD step", low=0.0,
+            low_open=True, section="privacy",
+        ),
+        "dp_noise_multiplier": _DP_UPDATES["dp_noise_multiplier"],
+    },
+    privacy_budget="jaxfl.privacy.budget:EXAMPLE_DP_BUDGET",
     privacy_settings=_DP_BUDGET,
 )
 

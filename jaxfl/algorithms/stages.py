@@ -83,7 +83,7 @@ from jaxfl.training.cohort import (
     train_cohort,
     weighted_mean,
 )
-from jaxfl.training.local import LocalHParams, LocalTraining, Task
+from jaxfl.training.local import ExamplePrivacy, LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params, PyTree
 
@@ -253,6 +253,10 @@ class ClientUpdateStage(NamedTuple):
         local gradient coordinate by coordinate (`LocalHParams.
         preconditioner`: AdaDPS's side information, DP^2's delayed second
         moment), computed from the server's state alone, or None.
+      example_privacy: the hyperparameters (C, z) of DP-SGD's per-example
+        clipping and noise in every local step (`LocalHParams.
+        example_privacy`: example-level DP, `jaxfl.algorithms.dp_sgd_fedavg`),
+        or None.
       finalize: `(state, rows, results, lr, cohort data) -> (new rows,
         outputs)` after training (`cohort data`: the cohort's ids, the
         population holding their examples and their slots in it,
@@ -276,6 +280,7 @@ class ClientUpdateStage(NamedTuple):
     correction: Correction | None = None
     sample_tilt: str | None = None
     preconditioner: Callable[[ServerState], Params] | None = None
+    example_privacy: tuple[str, str] | None = None
     finalize: Finalize | None = None
     side_messages: int = 0
     hparam_defaults: Mapping[str, float] = {}
@@ -681,6 +686,9 @@ class _ComposedRound:
             prox_mu=None if update.proximal is None else state.hparams[update.proximal],
             preconditioner=None if update.preconditioner is None else update.preconditioner(state),
             sample_tilt=None if update.sample_tilt is None else state.hparams[update.sample_tilt],
+            example_privacy=None if update.example_privacy is None else ExamplePrivacy(
+                *(state.hparams[name] for name in update.example_privacy)
+            ),
         )
         clients, personal_metrics = state.clients, {}
         if c.personal is not None:

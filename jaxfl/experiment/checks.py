@@ -362,6 +362,7 @@ def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warn
                     num_clients=num_clients,
                     clients_per_round=point_config.clients_per_round,
                     hparams=hparams,
+                    num_examples=base_setup.dataset.train.num_examples,
                 )
             except ValueError as error:
                 raise ConfigError(f"{name} at --grid point {label}: {str(error).splitlines()[0]}") from None

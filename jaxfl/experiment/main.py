@@ -136,10 +136,10 @@ def format_privacy(name: str, privacy: dict, config: RunConfig) -> str:
         f"{name}: spent ({privacy['epsilon_against_observer']:.3f}, {privacy['delta']:.3g})-DP against an "
         f"observer of the released models (secret sampling, amplified) and "
         f"({privacy['epsilon_against_server']:.3f}, {privacy['delta']:.3g})-DP against the server (no "
-        f"amplification), client-level, over {privacy['rounds']} rounds: noise multiplier "
-        f"{privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), sampling rate "
-        f"{privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting); secret sampling assumed: "
-        f"{sampling_secrecy(config)}"
+        f"amplification), {privacy.get('unit', 'client')}-level, over {privacy['rounds']} rounds: noise "
+        f"multiplier {privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), "
+        f"sampling rate {privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting); secret sampling "
+        f"assumed: {sampling_secrecy(config)}"
     )
 
 

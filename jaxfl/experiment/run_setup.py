@@ -415,7 +415,7 @@ def setup(config: RunConfig) -> Setup:
     check_round_fits(config, engine.task, dataset, engine.local, engine.strategy)
     for message in data_warnings(config, dataset, engine.local):
         warn(message)
-    algorithms, hparams = build_algorithms(config, engine, num_train)
+    algorithms, hparams = build_algorithms(config, engine, num_train, dataset.train.num_examples)
     ignored = ignored_settings(config, algorithms)
     for field in ignored:
         warn(f"{field} is not used by {', '.join(config.algorithms)}; ignored")
@@ -424,7 +424,7 @@ def setup(config: RunConfig) -> Setup:
 
 
 def build_algorithms(
-    config: RunConfig, engine: Engine, num_train: int
+    config: RunConfig, engine: Engine, num_train: int, num_train_examples: int
 ) -> tuple[dict[str, FederatedAlgorithm], dict[str, dict[str, float]]]:
     """The run's algorithms and their initial hyperparameters, DP noise calibrated to the budget.
 
@@ -459,6 +459,7 @@ def build_algorithms(
                         num_clients=num_train,
                         clients_per_round=config.clients_per_round,
                         hparams=hparams[name],
+                        num_examples=num_train_examples,
                     )
                 )
             except ValueError as error:

@@ -111,6 +111,7 @@ def privacy_spent(run_setup: Setup, name: str, hparams: dict[str, float], rounds
         clients_per_round=run_setup.config.clients_per_round,
         hparams=hparams,
         rounds_done=rounds_done,
+        num_examples=run_setup.dataset.train.num_examples,
     )
 
 

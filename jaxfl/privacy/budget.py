@@ -72,8 +72,16 @@ from jaxfl.privacy.accounting import (
     quantile_epsilon_for,
     sum_sensitivity,
 )
+from jaxfl.privacy.example_accounting import (
+    ACCOUNTANT_NAME as EXAMPLE_ACCOUNTANT_NAME,
+)
+from jaxfl.privacy.example_accounting import (
+    example_level_epsilon,
+    example_level_noise_multiplier,
+)
 
 NOISE_MULTIPLIER = "dp_noise_multiplier"
+EXAMPLE_CLIP_NORM = "example_clip_norm"
 QUANTILE_SIGMA = "dp_quantile_sigma"
 # Theorem 6 of Pillutla et al. 2023 holds for sigma >= 1/2.
 MIN_QUANTILE_SIGMA = 0.5
@@ -148,6 +156,7 @@ class DpBudget:
         num_clients: int,
         clients_per_round: int,
         hparams: Mapping[str, float],
+        num_examples: int | None = None,
     ) -> dict[str, float]:
         """The noise hyperparameters of a run (module docstring).
 
@@ -160,6 +169,8 @@ class DpBudget:
           hparams: the algorithm's hyperparameters from the settings so far;
             'clip_norm' is checked, and a 'dp_noise_multiplier' or
             'dp_quantile_sigma' present here is kept as given.
+          num_examples: the training examples (`ExampleDpBudget` reads them;
+            client-level DP does not).
 
         Returns:
           {'dp_noise_multiplier': z} and, with the quantile,
@@ -168,6 +179,7 @@ class DpBudget:
         Raises:
           ValueError: a refused setting (module docstring), one line.
         """
+        del num_examples  # Client-level: the unit is the client.
         sampling = check_sampling(Sampling(num_clients, clients_per_round))
         delta = self._delta(settings, sampling)
         _positive(hparams["clip_norm"], "clip_norm")
@@ -266,6 +278,7 @@ class DpBudget:
         clients_per_round: int,
         hparams: Mapping[str, float],
         rounds_done: int,
+        num_examples: int | None = None,
     ) -> dict[str, Any]:
         """The `privacy` object of summary.json: what the run spent.
 
@@ -275,12 +288,14 @@ class DpBudget:
           clients_per_round: m.
           hparams: the state's hyperparameters (the noise actually used).
           rounds_done: rounds trained.
+          num_examples: as for `calibrate`.
 
         Returns:
           A JSON-ready dict: 'epsilon' (spent, from the accountant), 'delta',
           'noise_multiplier', 'sampling_rate', 'rounds', 'accountant', ...
           and for DP Delta-FL the quantile's settings and share.
         """
+        del num_examples  # Client-level: the unit is the client.
         sampling = check_sampling(Sampling(num_clients, clients_per_round))
         delta = self._delta(settings, sampling)
         z = float(hparams[NOISE_MULTIPLIER])
@@ -445,5 +460,127 @@ def _target_epsilon(settings: Any) -> float | None:
     return float(settings.epsilon)
 
 
+EXAMPLE_TRUST_MODELS = {
+    OBSERVER: (
+        "an adversary who sees the released models but not which clients were sampled: the example's client "
+        "is in a round's cohort with probability m / n, secretly (amplification by joint convexity)"
+    ),
+    SERVER: (
+        "the server, who samples the cohort and sees each client's update: no amplification, the example's "
+        "client counted in every round"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExampleDpBudget:
+    """The privacy side of example-level DP: clients that train by DP-SGD (`jaxfl.algorithms.dp_sgd_fedavg`).
+
+    The accounting is `jaxfl.privacy.example_accounting`'s. Reads the settings
+    epsilon, delta (None: 1 / the number of training examples, as Li 2023,
+    Section 6.12, sets it for DP-SGD), rounds, dp_trust_model, local_epochs (E,
+    the steps of a round that read one example: one per epoch) and batch_size
+    (B), and the hyperparameters 'example_clip_norm' C and
+    'dp_noise_multiplier' z (a step's noise std over its sensitivity 2C).
+    Refused besides `DpBudget`'s refusals of epsilon and delta: C <= 0, and
+    z > B / 2, where the noise std z 2C on each coordinate exceeds B C, the
+    largest norm of a batch's clipped sum (every step would be noise).
+    """
+
+    def _statics(self, settings: Any, num_clients: int, clients_per_round: int, num_examples: int | None):
+        sampling = check_sampling(Sampling(num_clients, clients_per_round))
+        if num_examples is None or int(num_examples) < 1:
+            raise ValueError(f"example-level DP needs the number of training examples, got {num_examples}")
+        delta = settings.delta
+        delta = 1.0 / int(num_examples) if delta is None else float(delta)
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta:g}")
+        return sampling, delta, int(settings.local_epochs)
+
+    def calibrate(
+        self,
+        settings: Any,
+        *,
+        num_clients: int,
+        clients_per_round: int,
+        hparams: Mapping[str, float],
+        num_examples: int | None = None,
+    ) -> dict[str, float]:
+        """{'dp_noise_multiplier': z}, calibrated to epsilon unless given (as `DpBudget.calibrate`)."""
+        sampling, delta, epochs = self._statics(settings, num_clients, clients_per_round, num_examples)
+        _positive(hparams[EXAMPLE_CLIP_NORM], EXAMPLE_CLIP_NORM)
+        z = hparams.get(NOISE_MULTIPLIER)
+        if z is not None:
+            _positive(z, NOISE_MULTIPLIER)
+        else:
+            z = example_level_noise_multiplier(
+                _positive(settings.epsilon, "epsilon"), delta, int(settings.rounds), sampling, epochs,
+                amplified=_amplified(settings),
+            )
+        z = _float32_at_least(z)
+        limit = int(settings.batch_size) / 2.0
+        if z > limit:
+            raise ValueError(
+                f"this privacy budget needs noise multiplier {z:.4g} > {limit:g} (= batch size / 2): the "
+                "noise on every coordinate of a step would exceed the whole batch's clipped gradient sum "
+                "and training would learn nothing; raise epsilon or the batch size, or lower rounds or "
+                "local epochs"
+            )
+        return {NOISE_MULTIPLIER: z}
+
+    def report(
+        self,
+        settings: Any,
+        *,
+        num_clients: int,
+        clients_per_round: int,
+        hparams: Mapping[str, float],
+        rounds_done: int,
+        num_examples: int | None = None,
+    ) -> dict[str, Any]:
+        """The `privacy` object of summary.json (as `DpBudget.report`, per example)."""
+        sampling, delta, epochs = self._statics(settings, num_clients, clients_per_round, num_examples)
+        z = float(hparams[NOISE_MULTIPLIER])
+        clip_norm = float(hparams[EXAMPLE_CLIP_NORM])
+        by_trust = {
+            trust: example_level_epsilon(
+                int(rounds_done), sampling, z, epochs, delta, amplified=trust == OBSERVER
+            )
+            for trust in EXAMPLE_TRUST_MODELS
+        }
+        trust_model = _trust_model(settings)
+        return {
+            "epsilon": by_trust[trust_model],
+            "unit": "example",
+            "trust_model": trust_model,
+            "epsilon_against_observer": by_trust[OBSERVER],
+            "epsilon_against_server": by_trust[SERVER],
+            "trust_models": dict(EXAMPLE_TRUST_MODELS),
+            "delta": delta,
+            "target_epsilon": _target_epsilon(settings),
+            "noise_multiplier": z,
+            "noise_stddev": z * sum_sensitivity(clip_norm),
+            "clip_norm": clip_norm,
+            "sensitivity": sum_sensitivity(clip_norm),
+            "batch_size": int(settings.batch_size),
+            "steps_per_example_per_round": epochs,
+            "sampling_rate": sampling.rate,
+            "clients_per_round": sampling.clients_per_round,
+            "num_clients": sampling.num_clients,
+            "num_examples": int(num_examples),
+            "rounds": int(rounds_done),
+            "accountant": EXAMPLE_ACCOUNTANT_NAME,
+            "adjacency": (
+                "replace one example of one client (example-level DP; each client's example count public)"
+            ),
+            "not_private": not_private_outputs(settings),
+            "released_update": (
+                "each sampled client's update, computed from its local steps' noisy gradients (sum of the "
+                "batch's per-example gradients clipped to clip_norm + N(0, noise_stddev^2 I)) / batch_size"
+            ),
+        }
+
+
 DP_FEDAVG_BUDGET = DpBudget(with_quantile=False)
 DP_DELTAFL_BUDGET = DpBudget(with_quantile=True)
+EXAMPLE_DP_BUDGET = ExampleDpBudget()

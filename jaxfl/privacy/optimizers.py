@@ -77,9 +77,14 @@ def _microbatch_rows(per_example: PyTree, microbatch_size: int) -> PyTree:
     )
 
 
-def noisy_clipped_mean(key: Key, rows: PyTree, clip_norm, noise_multiplier) -> PyTree:
-    """(1 / k) (sum_j clip(row_j, C) + N(0, z^2 C^2 I)) over the k rows of `rows` (leading axis)."""
-    total, _ = clipped_sum(rows, clip_norm)
+def noisy_clipped_mean(
+    key: Key, rows: PyTree, clip_norm, noise_multiplier, weights: jax.Array | None = None
+) -> PyTree:
+    """(1 / k) (sum_j p_j clip(row_j, C) + N(0, z^2 C^2 I)) over the k rows of `rows` (leading axis).
+
+    `weights` p (`[k]`, default ones; 0/1 masks padding rows) do not change the divisor k.
+    """
+    total, _ = clipped_sum(rows, clip_norm, weights)
     # z = 0 means no noise even with C = inf (0 * inf would be NaN).
     stddev = jnp.where(jnp.asarray(noise_multiplier) == 0, 0.0, noise_multiplier * jnp.asarray(clip_norm))
     noise = gaussian_noise_like(key, total, stddev)

@@ -176,10 +176,10 @@ def train_cohort(
 
 def _kernel_takes(hparams: LocalHParams) -> bool:
     """Whether the fused kernel's step has these terms (its proximal term is one scalar; no KL term, no
-    correction, no preconditioner, no sample tilt)."""
+    correction, no preconditioner, no sample tilt, no per-example clipping)."""
     return (
         hparams.prox_weights is None and hparams.kl_mu is None and hparams.correction is None
-        and hparams.preconditioner is None and hparams.sample_tilt is None
+        and hparams.preconditioner is None and hparams.sample_tilt is None and hparams.example_privacy is None
     )
 
 

@@ -17,6 +17,7 @@ FedProx's local objective (Li 2023, eq. 3.2):
 References:
   [Pillutla et al. 2023] Federated Learning with Superquantile Aggregation for Heterogeneous Data.
   [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks.
+  [Abadi et al. 2016] Deep Learning with Differential Privacy. CCS 2016.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from jaxfl.data.population import ClientPopulation
 from jaxfl.models.losses import misclassification, multinomial_logistic_loss, symmetrized_kl
 from jaxfl.models.networks import Model
 from jaxfl.primitives.tail import tilted_risk
+from jaxfl.privacy.optimizers import noisy_clipped_mean
 from jaxfl.types import Key, Params
 
 
@@ -222,6 +224,19 @@ class LocalTraining:
         return steps if self.max_steps is None else min(steps, self.max_steps)
 
 
+class ExamplePrivacy(NamedTuple):
+    """DP-SGD's per-example clipping and noise in local steps (scalars; may be traced).
+
+    A private step's gradient is (1 / B) (sum_j clip(g_j, C) + N(0, (z 2C)^2 I))
+    over the batch's real examples j (`example_private_gradient`): 2C is the
+    sum's sensitivity to replacing one example, so z is the noise std over
+    it (`jaxfl.privacy.accounting`, example-level adjacency).
+    """
+
+    clip_norm: jax.Array  # C > 0, the l2 bound of each example's gradient.
+    noise_multiplier: jax.Array  # z >= 0; 0: clipping only.
+
+
 class LocalHParams(NamedTuple):
     """Numeric hyperparameters of a local step (scalars; may be traced).
 
@@ -241,8 +256,13 @@ class LocalHParams(NamedTuple):
     l2 decay (1 - lr lambda) w is not divided. `sample_tilt` tau replaces the
     minibatch's mean loss by its tau-tilted risk over the batch's examples
     (`tilted_minibatch_loss`; tau = 0 is the mean, bit for bit): the
-    within-group tilt of hierarchical TERM. Neither applies where `local_sgd`
-    is given its own `objective` or `step`.
+    within-group tilt of hierarchical TERM. `example_privacy` makes the
+    step DP-SGD's: the minibatch gradient is replaced by the noisy mean of
+    the examples' clipped gradients (`ExamplePrivacy`), before the proximal
+    term, the correction and the preconditioner, which read no data. None of
+    these applies where `local_sgd` is given its own `objective` or `step`;
+    `example_privacy` refuses them and the terms that read the batch beyond
+    one example's loss (KL, sample tilt).
     """
 
     lr: jax.Array
@@ -253,6 +273,7 @@ class LocalHParams(NamedTuple):
     correction: Params | None = None
     preconditioner: Params | None = None
     sample_tilt: jax.Array | None = None
+    example_privacy: ExamplePrivacy | None = None
 
 
 class LocalResult(NamedTuple):
@@ -263,8 +284,10 @@ class LocalResult(NamedTuple):
     mean_batch_loss: jax.Array  # [], mean minibatch loss over real steps.
 
 
-# `fold_in` data of the client key's dropout/augmentation stream.
+# `fold_in` data of the client key's dropout/augmentation stream, and of its
+# stream of example-level DP noise.
 _MODEL_STREAM = 0x7FFFFFFF
+_NOISE_STREAM = 0x7FFFFFFE
 
 
 def epoch_orders(key: Key, count, max_count: int, num_epochs: int):
@@ -418,6 +441,49 @@ def tilted_minibatch_loss(
     return jnp.where((tilt == 0) | (jnp.sum(weights) == 0), mean, tilted)
 
 
+def example_private_gradient(
+    task: Task,
+    params: Params,
+    batch,
+    valid: jax.Array,
+    privacy: ExamplePrivacy,
+    key: Key,
+    step_key: Key | None = None,
+) -> tuple[Params, jax.Array]:
+    """DP-SGD's minibatch gradient (Abadi et al. 2016, Algorithm 1), and the batch's mean loss.
+
+        g~ = (1 / B) (sum_{j real} clip(grad f_j(w), C) + N(0, (z 2C)^2 I)),
+
+    f_j example j's mean loss over its scored targets (`ExampleStats`), B the
+    batch's size (public: a short last batch is padded, its padding rows
+    masked, not divided out), clip(g, C) = g min(1, C / ||g||_2), the noise
+    from `key` (`jaxfl.privacy.optimizers.noisy_clipped_mean`). Per-example
+    gradients by `vmap`: B gradients held at once. `step_key` (dropout,
+    augmentation) is split into one key per example.
+
+    Returns:
+      (g~, the mean loss over the batch's real targets as `minibatch_loss`
+      defines it: a diagnostic computed from the data, not a DP release).
+    """
+
+    def example_loss(p, example, example_key):
+        stats = task.example_stats(p, jax.tree.map(lambda feature: feature[None], example), example_key)
+        return (stats.loss / jnp.maximum(stats.loss_weight, 1.0))[0], (stats.loss[0], stats.loss_weight[0])
+
+    size = valid.shape[0]
+    example_keys = None if step_key is None else jax.random.split(step_key, size)
+    key_axis = None if step_key is None else 0
+    per_example = jax.vmap(jax.grad(example_loss, has_aux=True), in_axes=(None, 0, key_axis))
+    gradients, (losses, loss_weights) = per_example(params, batch, example_keys)
+    # Replacing one example moves the clipped sum by at most 2C: the noise std is z 2C.
+    noisy = noisy_clipped_mean(
+        key, gradients, privacy.clip_norm, 2.0 * privacy.noise_multiplier, valid.astype(jnp.float32)
+    )
+    targets = jnp.sum(jnp.where(valid, loss_weights, 0.0))
+    loss = jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(targets, 1.0)
+    return noisy, loss
+
+
 def mean_symmetrized_kl(
     task: Task, params: Params, anchor: Params, batch, valid: jax.Array, key: Key | None = None
 ) -> jax.Array:
@@ -514,6 +580,13 @@ def local_sgd(
     # Dropout and augmentation: a stream of the client's key apart from the
     # epoch orders (which fold in the epoch index).
     model_key = jax.random.fold_in(key, _MODEL_STREAM)
+    privacy_key = jax.random.fold_in(key, _NOISE_STREAM)
+    reads_batch = (objective, step, hparams.kl_mu, hparams.sample_tilt)
+    if hparams.example_privacy is not None and any(term is not None for term in reads_batch):
+        raise ValueError(
+            "example_privacy clips each example's gradient of its own loss: it takes no objective, step, "
+            "kl_mu or sample_tilt (they read the batch beyond one example)"
+        )
 
     def train_step(step_index, params):
         rows, valid = _step_rows(step_index, perms, offset, count, steps_per_epoch, max_count, config)
@@ -536,7 +609,13 @@ def local_sgd(
             divergence = mean_symmetrized_kl(task, p, anchor, batch, valid, step_key)
             return loss + 0.5 * hparams.kl_mu * divergence, loss
 
-        (_, loss), grads = jax.value_and_grad(batch_objective, has_aux=True)(params)
+        if hparams.example_privacy is not None:
+            noise_key = jax.random.fold_in(privacy_key, step_index)
+            grads, loss = example_private_gradient(
+                task, params, batch, valid, hparams.example_privacy, noise_key, step_key
+            )
+        else:
+            (_, loss), grads = jax.value_and_grad(batch_objective, has_aux=True)(params)
         if hparams.prox_mu is not None and hparams.prox_weights is not None:
             grads = jax.tree.map(
                 lambda g, w, w0, f: g + hparams.prox_mu * f * (w - w0),

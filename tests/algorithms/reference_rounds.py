@@ -131,6 +131,7 @@ def reference_rounds(
     select=None,
     preconditioner=None,
     sample_tilt=0.0,
+    example_clip=None,
     population=POPULATION,
 ):
     """Rounds of the template in NumPy float64, one client at a time.
@@ -160,6 +161,7 @@ def reference_rounds(
         dividing every local gradient of that round, or None.
       sample_tilt: tau of hierarchical tilting: the clients' `losses` are
         their tau-tilted risks, and local steps descend the minibatch's.
+      example_clip: C of DP-SGD's per-example clipping in local steps (no noise), or None.
       population: the clients.
 
     Returns:
@@ -232,6 +234,7 @@ def reference_rounds(
                     mu=mu,
                     preconditioner=divisor,
                     sample_tilt=sample_tilt,
+                    example_clip=example_clip,
                 )
             deltas.append((k - kernel, b - bias))
         if compress is not None:
