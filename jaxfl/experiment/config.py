@@ -892,6 +892,12 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
         messages.append(f"hidden_sizes is used by model mlp only, not {config.model}; ignored")
     if "embedding_dim" in changed and config.model != "embedding-bag":
         messages.append(f"embedding_dim is used by model embedding-bag only, not {config.model}; ignored")
+    if "dp-fedadam" in names and config.server_lr > 0.1:
+        messages.append(
+            f"dp-fedadam runs adam with server_lr={config.server_lr:g} (shared by the run's algorithms): "
+            "adam moves every coordinate by about that much per round, far above the 0.003-0.03 that "
+            "trained in docs/private-optimizers.md; give --server-lr"
+        )
     if (
         "dp-deltafl" in names
         and "dp_quantile_ratio" in changed

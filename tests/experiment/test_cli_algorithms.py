@@ -188,6 +188,17 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
     assert ignored(algorithm="fedavg,apfl", finetune_epochs=2) == ()
 
 
+def test_dp_fedadam_warns_of_a_server_learning_rate_made_for_sgd():
+    from jaxfl.experiment.config import RunConfig, setting_warnings
+
+    def warnings(**settings):
+        return setting_warnings(dataclasses.replace(RunConfig(), **settings), ())
+
+    assert any("dp-fedadam runs adam with server_lr=1" in line for line in warnings(algorithm="dp-fedadam"))
+    assert warnings(algorithm="dp-fedadam", server_lr=0.01) == []
+    assert warnings(algorithm="dp-fedavg") == []
+
+
 def test_dp_fedadam_steps_with_adam_and_the_runs_server_settings():
     import jax
     import optax
