@@ -54,6 +54,53 @@ def _is_zero(tangent) -> bool:
     return isinstance(tangent, SymbolicZero)
 
 
+def _inputs(losses, weights, *scalars):
+    """(losses, weights, output dtype, *scalars): the arrays in compute dtype, `losses` nonempty.
+
+    The public functions check their scalars' static values first, then call
+    this; the scalars come back as arrays of the losses' compute dtype.
+    """
+    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
+    _check_nonempty(losses)
+    scalars = (_validation.as_compute_scalar(x, losses.dtype) for x in scalars)
+    return losses, weights, out_dtype, *scalars
+
+
+def _support(losses: jax.Array, weights: jax.Array):
+    """(positive, invalid, empty) of a weighted loss vector.
+
+    positive: `[n]` w_i > 0; invalid: a negative or non-finite weight, or a
+    NaN loss of positive weight (the NaN convention of the module docstring);
+    empty: no positive weight.
+    """
+    positive = weights > 0
+    weights_ok = jnp.all(jnp.isfinite(weights) & (weights >= 0))
+    has_nan = jnp.any(positive & jnp.isnan(losses))
+    return positive, ~weights_ok | has_nan, ~jnp.any(positive)
+
+
+def _theta_ok(theta: jax.Array) -> jax.Array:
+    """theta in (0, 1]; False also for a NaN theta."""
+    return (theta > 0) & (theta <= 1)
+
+
+def _mass_before(sorted_weights: jax.Array) -> jax.Array:
+    """The mass strictly before each position: an exclusive cumsum.
+
+    Not cumsum - w, which would round differently from the inclusive sums.
+    """
+    zero = jnp.zeros((1,), sorted_weights.dtype)
+    return jnp.concatenate([zero, jnp.cumsum(sorted_weights)[:-1]])
+
+
+def _losses_tangent(value: jax.Array, pi: jax.Array, losses_dot) -> jax.Array:
+    """sum_i pi_i da_i, the JVP in the losses (Danskin: pi maximizes); 0 for a symbolic zero."""
+    value_dot = jnp.zeros_like(value)
+    if not _is_zero(losses_dot):
+        value_dot += jnp.sum(pi * losses_dot)
+    return value_dot
+
+
 class _Tail(NamedTuple):
     """Exact tail of a weighted loss vector (all fields in compute dtype)."""
 
@@ -69,12 +116,8 @@ def _tail(losses: jax.Array, theta: jax.Array, weights: jax.Array) -> _Tail:
     n = losses.shape[0]
     dtype = losses.dtype
     nan = _validation.nan_like(dtype)
-    positive = weights > 0
-    weights_ok = jnp.all(jnp.isfinite(weights) & (weights >= 0))
-    theta_ok = (theta > 0) & (theta <= 1)
-    has_nan = jnp.any(positive & jnp.isnan(losses))
-    invalid = ~weights_ok | ~theta_ok | has_nan
-    empty = ~jnp.any(positive)
+    positive, invalid, empty = _support(losses, weights)
+    invalid = invalid | ~_theta_ok(theta)
 
     total = jnp.sum(weights)
     target = theta * total
@@ -83,11 +126,7 @@ def _tail(losses: jax.Array, theta: jax.Array, weights: jax.Array) -> _Tail:
     # Descending losses; zero-weight entries sort last whatever their loss.
     keys = jnp.where(positive, -losses, jnp.inf)
     _, sorted_losses, sorted_weights = lax.sort((keys, losses, weights), num_keys=1)
-    # Mass strictly before each sorted position (an exclusive cumsum, not
-    # cumsum - w, which would round differently from the inclusive sums).
-    mass_before = jnp.concatenate(
-        [jnp.zeros((1,), dtype), jnp.cumsum(sorted_weights)[:-1]]
-    )
+    mass_before = _mass_before(sorted_weights)
     # Q = the smallest support value whose strictly-larger mass is <= theta*W,
     # i.e. the value at the last position whose preceding mass is <= theta*W
     # (ties need no special care: the mass before any member of a tie group is
@@ -140,10 +179,8 @@ def _superquantile_jvp(primals, tangents):
     losses_dot, theta_dot, weights_dot = tangents
     tail = _tail(losses, theta, weights)
     value = _superquantile_value_from(tail, losses)
-    value_dot = jnp.zeros_like(value)
     # Danskin: the derivative in the losses is the (unique off ties) maximizer.
-    if not _is_zero(losses_dot):
-        value_dot += jnp.sum(tail.weights * losses_dot)
+    value_dot = _losses_tangent(value, tail.weights, losses_dot)
     # Envelope theorem on S = min_eta eta + sum_i w_i (a_i - eta)_+ / (theta W),
     # whose minimizer is eta = Q: dS/dtheta = -(S - Q) / theta and
     # dS/dw_j = ((a_j - Q)_+ - theta (S - Q)) / (theta W).
@@ -214,9 +251,7 @@ def superquantile(losses, theta, weights=None) -> jax.Array:
       ===============================  =====================================
     """
     _validation.check_open_closed_unit(theta, "theta")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    theta = _validation.as_compute_scalar(theta, losses.dtype)
+    losses, weights, out_dtype, theta = _inputs(losses, weights, theta)
     return _superquantile(losses, theta, weights).astype(out_dtype)
 
 
@@ -268,9 +303,7 @@ def superquantile_weights(losses, theta, weights=None) -> jax.Array:
       ===============================  =====================================
     """
     _validation.check_open_closed_unit(theta, "theta")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    theta = _validation.as_compute_scalar(theta, losses.dtype)
+    losses, weights, out_dtype, theta = _inputs(losses, weights, theta)
     return _tail(losses, theta, weights).weights.astype(out_dtype)
 
 
@@ -320,9 +353,7 @@ def tail_threshold(losses, theta, weights=None) -> jax.Array:
       ===============================  =====================================
     """
     _validation.check_open_closed_unit(theta, "theta")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    theta = _validation.as_compute_scalar(theta, losses.dtype)
+    losses, weights, out_dtype, theta = _inputs(losses, weights, theta)
     return _tail(losses, theta, weights).threshold.astype(out_dtype)
 
 
@@ -358,12 +389,8 @@ def _smoothed(losses, theta, nu, weights) -> _Smoothed:
     n = losses.shape[0]
     dtype = losses.dtype
     nan = _validation.nan_like(dtype)
-    positive = weights > 0
-    weights_ok = jnp.all(jnp.isfinite(weights) & (weights >= 0))
-    has_nan = jnp.any(positive & jnp.isnan(losses))
-    theta_ok = (theta > 0) & (theta <= 1)
-    invalid = ~weights_ok | has_nan | ~theta_ok | ~(nu > 0)
-    empty = ~jnp.any(positive)
+    positive, invalid, empty = _support(losses, weights)
+    invalid = invalid | ~_theta_ok(theta) | ~(nu > 0)
 
     total = jnp.sum(weights)
     normalized = weights / jnp.where(total > 0, total, 1)
@@ -376,10 +403,7 @@ def _smoothed(losses, theta, nu, weights) -> _Smoothed:
     log_weights = jnp.where(sorted_positive, jnp.log(sorted_weights), -jnp.inf)
     logits = log_weights + jnp.where(sorted_positive, sorted_losses / nu, -jnp.inf)
     tail_logsumexp = lax.cumlogsumexp(logits, reverse=True)  # over i >= k
-    mass_before = jnp.concatenate(
-        [jnp.zeros((1,), dtype), jnp.cumsum(sorted_weights)[:-1]]
-    )
-    free_mass = 1 - mass_before / theta  # mass left for the uncapped entries
+    free_mass = 1 - _mass_before(sorted_weights) / theta  # mass left for the uncapped entries
     lam = nu * (tail_logsumexp - jnp.log(free_mass))
     cap_level = nu * jnp.log(1 / theta)  # a_i - lam >= this  <=>  capped
     over = (sorted_losses - lam >= cap_level) | (sorted_losses == jnp.inf)
@@ -438,11 +462,9 @@ def _smoothed_superquantile_jvp(primals, tangents):
     losses, theta, nu, weights = primals
     losses_dot, theta_dot, nu_dot, weights_dot = tangents
     sm = _smoothed(losses, theta, nu, weights)
-    value_dot = jnp.zeros_like(sm.value)
     # Envelope theorem on the Lagrangian
     # pi.a - nu KL(pi||wbar) - lam'(sum pi - 1) - sum_i mu_i (pi_i - wbar_i/theta).
-    if not _is_zero(losses_dot):
-        value_dot += jnp.sum(sm.weights * losses_dot)
+    value_dot = _losses_tangent(sm.value, sm.weights, losses_dot)
     if not _is_zero(nu_dot):
         value_dot += -sm.kl * nu_dot
     if not _is_zero(theta_dot):
@@ -456,6 +478,17 @@ def _smoothed_superquantile_jvp(primals, tangents):
 
 
 _smoothed_superquantile.defjvp(_smoothed_superquantile_jvp, symbolic_zeros=True)
+
+
+def _smoothed_or_exact(nu, smoothed, exact):
+    """`smoothed(nu)` where nu > 0, `exact()` (the superquantile's) where nu = 0, else NaN.
+
+    The smoothed branch gets nu = 1 where it is not selected, so that its
+    unselected derivatives stay finite under `where`.
+    """
+    smooth = nu > 0
+    value = smoothed(jnp.where(smooth, nu, 1))
+    return jnp.where(smooth, value, jnp.where(nu == 0, exact(), jnp.nan))
 
 
 def smoothed_superquantile(losses, theta, nu, weights=None) -> jax.Array:
@@ -503,17 +536,12 @@ def smoothed_superquantile(losses, theta, nu, weights=None) -> jax.Array:
     """
     _validation.check_open_closed_unit(theta, "theta")
     _validation.check_nonnegative(nu, "nu")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    theta = _validation.as_compute_scalar(theta, losses.dtype)
-    nu = _validation.as_compute_scalar(nu, losses.dtype)
-    # nu = 0 is the superquantile; the smoothed branch gets a harmless nu so
-    # that its (unselected) derivatives stay finite under `where`.
-    smooth = nu > 0
-    safe_nu = jnp.where(smooth, nu, 1)
-    smoothed = _smoothed_superquantile(losses, theta, safe_nu, weights)
-    exact = _superquantile(losses, theta, weights)
-    value = jnp.where(smooth, smoothed, jnp.where(nu == 0, exact, jnp.nan))
+    losses, weights, out_dtype, theta, nu = _inputs(losses, weights, theta, nu)
+    value = _smoothed_or_exact(
+        nu,
+        lambda safe_nu: _smoothed_superquantile(losses, theta, safe_nu, weights),
+        lambda: _superquantile(losses, theta, weights),
+    )
     return value.astype(out_dtype)
 
 
@@ -544,15 +572,12 @@ def smoothed_superquantile_weights(losses, theta, nu, weights=None) -> jax.Array
     """
     _validation.check_open_closed_unit(theta, "theta")
     _validation.check_nonnegative(nu, "nu")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    theta = _validation.as_compute_scalar(theta, losses.dtype)
-    nu = _validation.as_compute_scalar(nu, losses.dtype)
-    smooth = nu > 0
-    safe_nu = jnp.where(smooth, nu, 1)
-    smoothed = _smoothed(losses, theta, safe_nu, weights).weights
-    exact = _tail(losses, theta, weights).weights
-    pi = jnp.where(smooth, smoothed, jnp.where(nu == 0, exact, jnp.nan))
+    losses, weights, out_dtype, theta, nu = _inputs(losses, weights, theta, nu)
+    pi = _smoothed_or_exact(
+        nu,
+        lambda safe_nu: _smoothed(losses, theta, safe_nu, weights).weights,
+        lambda: _tail(losses, theta, weights).weights,
+    )
     return pi.astype(out_dtype)
 
 
@@ -570,11 +595,8 @@ class _Tilted(NamedTuple):
 def _tilted(losses, t, weights) -> _Tilted:
     dtype = losses.dtype
     nan = _validation.nan_like(dtype)
-    positive = weights > 0
-    weights_ok = jnp.all(jnp.isfinite(weights) & (weights >= 0))
-    has_nan = jnp.any(positive & jnp.isnan(losses))
-    invalid = ~weights_ok | has_nan | jnp.isnan(t)
-    empty = ~jnp.any(positive)
+    positive, invalid, empty = _support(losses, weights)
+    invalid = invalid | jnp.isnan(t)
     total = jnp.sum(weights)
     normalized = weights / jnp.where(total > 0, total, 1)
 
@@ -639,10 +661,8 @@ def _tilted_risk_jvp(primals, tangents):
     losses, t, weights = primals
     losses_dot, t_dot, weights_dot = tangents
     tl = _tilted(losses, t, weights)
-    value_dot = jnp.zeros_like(tl.value)
+    value_dot = _losses_tangent(tl.value, tl.weights, losses_dot)
     positive = tl.normalized > 0
-    if not _is_zero(losses_dot):
-        value_dot += jnp.sum(tl.weights * losses_dot)
     # With x_i = a_i - R and u_i = expm1(t x_i) = pi_i / wbar_i - 1:
     # dR/dt = KL(pi || wbar) / t^2 = sum_i wbar_i (u_i / t)^2 psi(u_i), where
     # psi(u) = ((1 + u) log1p(u) - u) / u^2 (the identity sum_i wbar_i u_i = 0
@@ -707,9 +727,7 @@ def tilted_risk(losses, t, weights=None) -> jax.Array:
       ===============================  =====================================
     """
     _validation.check_finite(t, "t")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    t = _validation.as_compute_scalar(t, losses.dtype)
+    losses, weights, out_dtype, t = _inputs(losses, weights, t)
     return _tilted_risk(losses, t, weights).astype(out_dtype)
 
 
@@ -736,7 +754,5 @@ def tilted_risk_weights(losses, t, weights=None) -> jax.Array:
     by the +inf entries in proportion to their weights (the limit).
     """
     _validation.check_finite(t, "t")
-    losses, weights, out_dtype = _validation.losses_and_weights(losses, weights)
-    _check_nonempty(losses)
-    t = _validation.as_compute_scalar(t, losses.dtype)
+    losses, weights, out_dtype, t = _inputs(losses, weights, t)
     return _tilted(losses, t, weights).weights.astype(out_dtype)
