@@ -29,6 +29,7 @@ Packed floats are read with `np.frombuffer`, and packed varints (CIFAR-100's
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -133,19 +134,44 @@ def _bytes_list(buf: bytes, start: int, end: int) -> list[bytes]:
     return values
 
 
-def _float_list(buf: bytes, start: int, end: int) -> np.ndarray:
+def _scalar_chunks(
+    buf: bytes,
+    start: int,
+    end: int,
+    kind: str,
+    packed: Callable[[int, int], np.ndarray],
+    unpacked_wire: int,
+    unpacked: Callable[[int], np.ndarray],
+) -> list[np.ndarray]:
+    """The values of a repeated scalar field 1 (`FloatList`, `Int64List`), one array per wire field, in order.
+
+    A wire-type-2 field is a packed run, decoded by `packed(a, b)`; a field of
+    `unpacked_wire` is one value, decoded by `unpacked(a)`; other fields
+    numbered 1 are malformed, other numbers are skipped.
+    """
     chunks = []
     for field, wire, a, b in _fields(buf, start, end):
         if field != 1:
             continue
         if wire == _WIRE_LEN:
-            if (b - a) % 4:
-                raise _Malformed(f"packed float_list of {b - a} bytes, not a multiple of 4")
-            chunks.append(np.frombuffer(buf, "<f4", (b - a) // 4, a))
-        elif wire == _WIRE_I32:
-            chunks.append(np.array(struct.unpack_from("<f", buf, a), "<f4"))
+            chunks.append(packed(a, b))
+        elif wire == unpacked_wire:
+            chunks.append(unpacked(a))
         else:
-            raise _Malformed(f"float_list value with wire type {wire}")
+            raise _Malformed(f"{kind} value with wire type {wire}")
+    return chunks
+
+
+def _float_list(buf: bytes, start: int, end: int) -> np.ndarray:
+    def packed(a, b):
+        if (b - a) % 4:
+            raise _Malformed(f"packed float_list of {b - a} bytes, not a multiple of 4")
+        return np.frombuffer(buf, "<f4", (b - a) // 4, a)
+
+    def unpacked(a):
+        return np.array(struct.unpack_from("<f", buf, a), "<f4")
+
+    chunks = _scalar_chunks(buf, start, end, "float_list", packed, _WIRE_I32, unpacked)
     if not chunks:
         return np.zeros(0, np.float32)
     # astype copies, so the result owns its memory and is writeable.
@@ -153,16 +179,15 @@ def _float_list(buf: bytes, start: int, end: int) -> np.ndarray:
 
 
 def _int64_list(buf: bytes, start: int, end: int) -> np.ndarray:
-    chunks = []
-    for field, wire, a, b in _fields(buf, start, end):
-        if field != 1:
-            continue
-        if wire == _WIRE_LEN:
-            chunks.append(_packed_varints(buf, a, b))
-        elif wire == _WIRE_VARINT:
-            chunks.append(np.array([_signed64(a)], np.int64))
-        else:
-            raise _Malformed(f"int64_list value with wire type {wire}")
+    chunks = _scalar_chunks(
+        buf,
+        start,
+        end,
+        "int64_list",
+        lambda a, b: _packed_varints(buf, a, b),
+        _WIRE_VARINT,
+        lambda a: np.array([_signed64(a)], np.int64),
+    )
     if not chunks:
         return np.zeros(0, np.int64)
     return np.concatenate(chunks) if len(chunks) > 1 else chunks[0].copy()
