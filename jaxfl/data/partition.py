@@ -108,6 +108,17 @@ def _check_num_clients(num_clients, num_examples):
     )
 
 
+def _check_per_client(name, value, minimum, num_examples, num_clients, why=""):
+    """`value` as an int in [minimum, E // N]: a per-client count that every client can have at once."""
+    return check_int(
+        name,
+        value,
+        minimum=minimum,
+        maximum=num_examples // num_clients,
+        note=f" (examples // num_clients = {num_examples} // {num_clients}{why})",
+    )
+
+
 def _check_rng(rng):
     """A Generator as is, or a non-negative int seed made into one (never None)."""
     if isinstance(rng, np.random.Generator):
@@ -318,13 +329,7 @@ def dirichlet(
     num_examples = labels.size
     num_clients = _check_num_clients(num_clients, num_examples)
     alpha = check_number("alpha", alpha, low=0.0, low_open=True)
-    min_size = check_int(
-        "min_size",
-        min_size,
-        minimum=0,
-        maximum=num_examples // num_clients,
-        note=f" (examples // num_clients = {num_examples} // {num_clients})",
-    )
+    min_size = _check_per_client("min_size", min_size, 0, num_examples, num_clients)
     if not isinstance(balance, bool | np.bool_):
         raise ValueError(f"balance must be True or False, got {balance!r}")
     max_attempts = check_int("max_attempts", max_attempts, minimum=1)
@@ -602,12 +607,8 @@ def shards(
     labels = _check_labels(labels)
     num_examples = labels.size
     num_clients = _check_num_clients(num_clients, num_examples)
-    shards_per_client = check_int(
-        "shards_per_client",
-        shards_per_client,
-        minimum=1,
-        maximum=num_examples // num_clients,
-        note=f" (examples // num_clients = {num_examples} // {num_clients}, so no shard is empty)",
+    shards_per_client = _check_per_client(
+        "shards_per_client", shards_per_client, 1, num_examples, num_clients, ", so no shard is empty"
     )
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     num_shards = num_clients * shards_per_client
@@ -732,13 +733,7 @@ def lognormal_sizes(
     """
     num_examples = check_int("num_examples", num_examples, minimum=1)
     num_clients = _check_num_clients(num_clients, num_examples)
-    min_size = check_int(
-        "min_size",
-        min_size,
-        minimum=0,
-        maximum=num_examples // num_clients,
-        note=f" (examples // num_clients = {num_examples} // {num_clients})",
-    )
+    min_size = _check_per_client("min_size", min_size, 0, num_examples, num_clients)
     rng = np.random.default_rng(check_int("seed", seed, minimum=0))
     sizes = lognormal_client_sizes(num_examples, num_clients, sigma, rng, min_size)
     return _split(rng.permutation(num_examples), sizes)
