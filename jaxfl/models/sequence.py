@@ -338,6 +338,12 @@ def _cell(cell: str, in_features: int, hidden_size: int, rngs: nnx.Rngs) -> LSTM
     return layer(in_features, hidden_size, rngs=rngs)
 
 
+def _layer_widths(in_features: int, hidden_size: int, num_layers: int) -> list[tuple[int, int]]:
+    """(in, out) widths of K stacked recurrent layers: (E, H) for the first, (H, H) for the others."""
+    sizes = [in_features] + [hidden_size] * num_layers
+    return list(zip(sizes[:-1], sizes[1:], strict=True))
+
+
 def _dense(in_features: int, out_features: int, rngs: nnx.Rngs, *, use_bias: bool = True) -> nnx.Linear:
     return nnx.Linear(in_features, out_features, use_bias=use_bias, kernel_init=_glorot_uniform, rngs=rngs)
 
@@ -381,8 +387,8 @@ class RecurrentLanguageModel(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.embed = _embed(input_vocab_size, embedding_dim, rngs)
-        sizes = [embedding_dim] + [hidden_size] * num_layers
-        self.layers = nnx.List([_cell(cell, a, b, rngs) for a, b in zip(sizes[:-1], sizes[1:], strict=True)])
+        widths = _layer_widths(embedding_dim, hidden_size, num_layers)
+        self.layers = nnx.List([_cell(cell, a, b, rngs) for a, b in widths])
         self.projection = _dense(hidden_size, projection_dim, rngs) if projection_dim else None
         self.head = _dense(projection_dim or hidden_size, num_classes, rngs)
 
@@ -417,8 +423,8 @@ class GRUClassifier(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.embed = _embed(input_vocab_size, embedding_dim, rngs)
-        sizes = [embedding_dim] + [hidden_size] * num_layers
-        self.layers = nnx.List([GRU(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:], strict=True)])
+        widths = _layer_widths(embedding_dim, hidden_size, num_layers)
+        self.layers = nnx.List([GRU(a, b, rngs=rngs) for a, b in widths])
         self.head = _dense(hidden_size, num_outputs, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -471,10 +477,8 @@ class Sent140LSTM(nnx.Module):
 
     def __init__(self, table: np.ndarray, *, hidden_size: int, num_layers: int, rngs: nnx.Rngs):
         self.table = FrozenTable(jnp.asarray(table, jnp.float32))
-        sizes = [table.shape[1]] + [hidden_size] * num_layers
-        self.layers = nnx.List(
-            [LSTM(a, b, recurrent_bias=True, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
-        )
+        widths = _layer_widths(table.shape[1], hidden_size, num_layers)
+        self.layers = nnx.List([LSTM(a, b, recurrent_bias=True, rngs=rngs) for a, b in widths])
         self.head = _dense(hidden_size, 1, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -693,8 +697,7 @@ def build_recurrent_lm(
         projection_dim=projection_dim,
     )
     cell_flops = _lstm_flops if cell == "lstm" else _gru_flops
-    sizes = [embedding_dim] + [hidden_size] * num_layers
-    flops = sum(cell_flops(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    flops = sum(cell_flops(a, b) for a, b in _layer_widths(embedding_dim, hidden_size, num_layers))
     flops += 2 * hidden_size * projection_dim if projection_dim else 0
     flops += 2 * (projection_dim or hidden_size) * num_classes
     return as_model(
@@ -812,8 +815,7 @@ def build_char_gru(
     outputs = num_classes if num_outputs is None else num_outputs
     if outputs < num_classes:
         raise ValueError(f"{name}: num_outputs ({outputs}) must be at least num_classes ({num_classes})")
-    sizes = [embedding_dim] + [hidden_size] * num_layers
-    flops = length * sum(_gru_flops(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    flops = length * sum(_gru_flops(a, b) for a, b in _layer_widths(embedding_dim, hidden_size, num_layers))
     flops += 2 * hidden_size * outputs
     return as_model(
         lambda rngs: GRUClassifier(
@@ -951,8 +953,7 @@ def build_sent140_lstm(
     dim = table.shape[1]
     hidden = dim if hidden_size is None else hidden_size
     _positive(name, hidden_size=hidden, num_layers=num_layers)
-    sizes = [dim] + [hidden] * num_layers
-    flops = length * sum(_lstm_flops(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)) + 2 * hidden
+    flops = length * sum(_lstm_flops(a, b) for a, b in _layer_widths(dim, hidden, num_layers)) + 2 * hidden
     return as_model(
         lambda rngs: Sent140LSTM(table, hidden_size=hidden, num_layers=num_layers, rngs=rngs), name, flops
     )
