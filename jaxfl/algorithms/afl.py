@@ -149,7 +149,6 @@ def afl(
         "afl",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(local=local, reports_initial_loss=True),
         aggregate=stages.AggregateStage(
             aggregate=aggregate, hparam_defaults={"afl_lambda_lr": 0.01}, init=uniform_mixture

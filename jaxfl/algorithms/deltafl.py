@@ -189,7 +189,6 @@ def deltafl(
         clients_per_round,
         select=tail_selection(reweighting, filtering, dp_bins, dp_bits),
         client_update=stages.ClientUpdateStage(local=local),
-        aggregate=stages.AggregateStage(),
         **options,
     )
 

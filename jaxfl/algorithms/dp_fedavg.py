@@ -116,7 +116,6 @@ def private_averaging(
         name,
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(local=local, preconditioner=preconditioner),
         aggregate=stages.AggregateStage(
             aggregate=aggregate or released_mean, hparam_defaults=hparam_defaults, **state_init

@@ -75,13 +75,11 @@ def dp_sgd_fedavg(
         "dp-sgd-fedavg",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local,
             example_privacy=(EXAMPLE_CLIP_NORM, NOISE_MULTIPLIER),
             hparam_defaults=EXAMPLE_DP_HPARAM_DEFAULTS,
         ),
-        aggregate=stages.AggregateStage(),
         **options,
     )
 

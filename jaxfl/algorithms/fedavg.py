@@ -114,6 +114,5 @@ def fedavg(
             plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
         ),
         client_update=stages.ClientUpdateStage(local=local),
-        aggregate=stages.AggregateStage(),
         **options,
     )

@@ -63,6 +63,5 @@ def fedavg_sub(
         clients_per_round,
         select=stages.SelectStage(plan=plan, hparam_defaults={"theta": 0.5}),
         client_update=stages.ClientUpdateStage(local=local),
-        aggregate=stages.AggregateStage(),
         **options,
     )

@@ -63,12 +63,10 @@ def feddane(
         "feddane",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local, proximal="mu", correction=correction, hparam_defaults={"mu": 0.01},
             side_messages=1,  # Each client's gradient at w_t up, their mean down.
         ),
-        aggregate=stages.AggregateStage(),
         **options,
     )
 

@@ -84,7 +84,6 @@ def feddyn(
         "feddyn",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local,
             proximal="feddyn_alpha",

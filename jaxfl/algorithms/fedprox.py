@@ -65,6 +65,5 @@ def fedprox(
             plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True)
         ),
         client_update=stages.ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
-        aggregate=stages.AggregateStage(),
         **options,
     )

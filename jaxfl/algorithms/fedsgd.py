@@ -54,8 +54,6 @@ def fedsgd(
         "fedsgd",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(local=full_batch_step),
-        aggregate=stages.AggregateStage(),
         **options,
     )

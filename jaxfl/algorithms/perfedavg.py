@@ -108,11 +108,9 @@ def perfedavg(
         "perfedavg",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local, step=local_step, hparam_defaults=PERFEDAVG_HPARAM_DEFAULTS
         ),
-        aggregate=stages.AggregateStage(),
         **options,
     )
 

@@ -156,7 +156,6 @@ def qffl(
         name,
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=full_batch_step if variant == "fedsgd" else local, reports_initial_loss=True
         ),

@@ -85,7 +85,6 @@ def qmaml(
         "qmaml",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=full_batch_step, step=local_step, hparam_defaults=QMAML_HPARAM_DEFAULTS
         ),

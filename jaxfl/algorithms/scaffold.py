@@ -111,7 +111,6 @@ def scaffold(
         "scaffold",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local, init_row=stages.zeros_row, correction=correction, finalize=finalize,
             side_messages=1,  # c down, Delta c_i up.

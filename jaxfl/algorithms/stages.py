@@ -409,9 +409,9 @@ def compose_round(
     task: Task,
     clients_per_round: int,
     *,
-    select: SelectStage,
     client_update: ClientUpdateStage,
-    aggregate: AggregateStage,
+    select: SelectStage = SelectStage(),
+    aggregate: AggregateStage = AggregateStage(),
     num_clients: int | None = None,
     rows_are_models: bool = False,
     personal: PersonalStage | None = None,
@@ -423,7 +423,8 @@ def compose_round(
       name: registry name.
       task: model and loss.
       clients_per_round: M.
-      select, client_update, aggregate: the stages.
+      client_update, select, aggregate: the stages (by default, uniform
+        sampling without a plan, and the weighted mean of the updates).
       num_clients: N, needed where `client_update` keeps per-client rows.
       rows_are_models: the per-client rows are the clients' own models,
         evaluated and saved as personal models; False: they are other state

@@ -90,7 +90,6 @@ def term(
         "term",
         task,
         clients_per_round,
-        select=stages.SelectStage(),
         client_update=stages.ClientUpdateStage(
             local=local, reports_initial_loss=True,
             sample_tilt=None if sample_tilt is None else "sample_tilt",
