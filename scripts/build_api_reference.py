@@ -3,8 +3,8 @@
     python scripts/build_api_reference.py --out docs/api
 
 One page per public module: `jaxfl` (the curated surface, `jaxfl.__all__`),
-the round's stages, the algorithms, aggregators, tail primitives, local
-training, data, models and runs. Docstrings are Google style. The test suite
+the round's stages, the algorithms, aggregators, tail primitives, privacy
+(clipping, noise, accounting, private optimizers), local training, data, models and runs. Docstrings are Google style. The test suite
 builds it (tests/test_public_surface.py), so a docstring pdoc cannot render
 fails CI rather than the published reference.
 """
@@ -20,6 +20,7 @@ MODULES = (
     "jaxfl.algorithms",
     "jaxfl.aggregators",
     "jaxfl.primitives",
+    "jaxfl.privacy",
     "jaxfl.training",
     "jaxfl.data",
     "jaxfl.models",

@@ -9,7 +9,9 @@
 * `budget`: from a run's privacy settings to calibrated noise and back to
   the epsilon spent (what the runner and the CLI use);
 * `optimizers`: example-level private optimizers as optax transformations
-  (DP-SGD, DP-Adam, DP-RMSProp, AdaDPS, DP^2) and their accounting.
+  (DP-SGD, DP-Adam, DP-RMSProp, AdaDPS, DP^2) and their accounting;
+* `example_accounting`: example-level DP in federated rounds (clients that
+  train by DP-SGD), against the server and against an observer.
 
 See docs/privacy.md.
 
@@ -24,8 +26,9 @@ from jaxfl.privacy.accounting import (
     quantile_epsilon_for,
     sum_sensitivity,
 )
-from jaxfl.privacy.budget import DpBudget, max_noise_multiplier
+from jaxfl.privacy.budget import DpBudget, ExampleDpBudget, max_noise_multiplier
 from jaxfl.privacy.clipping import clip_update, clip_updates
+from jaxfl.privacy.example_accounting import example_level_epsilon, example_level_noise_multiplier
 from jaxfl.privacy.noise import gaussian_noise_like, noisy_clipped_sum
 from jaxfl.privacy.optimizers import (
     dp2,
@@ -40,6 +43,7 @@ from jaxfl.privacy.optimizers import (
 
 __all__ = [
     "DpBudget",
+    "ExampleDpBudget",
     "Sampling",
     "clip_update",
     "clip_updates",
@@ -49,6 +53,8 @@ __all__ = [
     "dp_sgd_epsilon",
     "dp_sgd_noise_multiplier",
     "epsilon_spent",
+    "example_level_epsilon",
+    "example_level_noise_multiplier",
     "gaussian_noise_like",
     "max_noise_multiplier",
     "noise_multiplier_for",
