@@ -4,9 +4,10 @@
 
 One page per public module: `jaxfl` (the curated surface, `jaxfl.__all__`),
 the round's stages, the algorithms, aggregators, tail primitives, privacy
-(clipping, noise, accounting, private optimizers), local training, data, models and runs. Docstrings are Google style. The test suite
-builds it (tests/test_public_surface.py), so a docstring pdoc cannot render
-fails CI rather than the published reference.
+(clipping, noise, accounting, private optimizers), local training, data,
+models and runs. Docstrings are Google style. The test suite builds it
+(tests/test_public_surface.py), so a docstring pdoc cannot render fails CI
+rather than the published reference.
 """
 
 from __future__ import annotations
