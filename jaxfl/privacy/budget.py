@@ -195,6 +195,13 @@ class DpBudget:
                 f"got {given_sigma:g}"
             )
         out: dict[str, float] = {}
+        limit = max_noise_multiplier(sampling.clients_per_round)
+        if given_z is None and not self.with_quantile:
+            # A budget that even the largest accepted noise overspends is refused at once (calibrating
+            # first would search far above the limit, and an accountant evaluation is costly).
+            at_limit = epsilon_spent(rounds, sampling, limit, delta, amplified=_amplified(settings))
+            if at_limit > _positive(settings.epsilon, "epsilon"):
+                raise ValueError(_absurd_noise(f"z > {limit:g}"))
         if not self.with_quantile:
             z = given_z
             if z is None:
@@ -259,15 +266,8 @@ class DpBudget:
                 )
             out[NOISE_MULTIPLIER] = z
             out[QUANTILE_SIGMA] = sigma
-        limit = max_noise_multiplier(sampling.clients_per_round)
         if out[NOISE_MULTIPLIER] > limit:
-            raise ValueError(
-                f"this privacy budget needs noise multiplier "
-                f"{out[NOISE_MULTIPLIER]:.4g} > {limit:g} (= clients per round / 2): "
-                "the noise on every coordinate would exceed the whole cohort's "
-                "clipped update and training would learn nothing; raise epsilon, "
-                "clients per round or lower rounds"
-            )
+            raise ValueError(_absurd_noise(f"{out[NOISE_MULTIPLIER]:.4g} > {limit:g}"))
         return out
 
     def report(
@@ -369,6 +369,15 @@ class DpBudget:
             **report,
             **_second_phase(hparams, z),
         }
+
+
+def _absurd_noise(needed: str) -> str:
+    """The refusal of a noise multiplier above `max_noise_multiplier` (module docstring)."""
+    return (
+        f"this privacy budget needs noise multiplier {needed} (= clients per round / 2): the noise on every "
+        "coordinate would exceed the whole cohort's clipped update and training would learn nothing; raise "
+        "epsilon, clients per round or lower rounds"
+    )
 
 
 def _second_phase(hparams: Mapping[str, Any], noise_multiplier: float) -> dict[str, Any]:
