@@ -132,12 +132,16 @@ def composition_note(releases: int) -> str | None:
 
 def format_privacy(name: str, privacy: dict, config: RunConfig) -> str:
     """One line: the (epsilon, delta) a DP run spent against each trust model, and how it was counted."""
+    noise = (
+        f"calibrated against the {privacy['trust_model']}" if privacy.get("target_epsilon") is not None
+        else "given: epsilon only reported"
+    )
     return (
         f"{name}: spent ({privacy['epsilon_against_observer']:.3f}, {privacy['delta']:.3g})-DP against an "
         f"observer of the released models (secret sampling, amplified) and "
         f"({privacy['epsilon_against_server']:.3f}, {privacy['delta']:.3g})-DP against the server (no "
         f"amplification), {privacy.get('unit', 'client')}-level, over {privacy['rounds']} rounds: noise "
-        f"multiplier {privacy['noise_multiplier']:.4g} (calibrated against the {privacy['trust_model']}), "
+        f"multiplier {privacy['noise_multiplier']:.4g} ({noise}), "
         f"sampling rate {privacy['sampling_rate']:.4g}, RDP accountant (dp-accounting); secret sampling "
         f"assumed: {sampling_secrecy(config)}"
     )

@@ -123,6 +123,7 @@ def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, cap
     )
     assert f"dp-fedavg: spent ({privacy['epsilon']:.3f}, 0.001)-DP against an observer" in stdout
     assert f"and ({privacy['epsilon_against_server']:.3f}, 0.001)-DP against the server" in stdout
+    assert "noise multiplier 1.5 (given: epsilon only reported)" in stdout
 
 
 def _server_epsilon(noise_multiplier, rounds, delta):
