@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jaxfl.data.population import ClientPopulation, pack_clients
 
@@ -197,3 +198,15 @@ def floyd_sample_reference(key, population_size: int, sample_size: int) -> np.nd
     for i, draw in enumerate(draws.tolist()):
         chosen.append(start + i if draw in chosen else draw)
     return np.asarray(chosen, np.int32)
+
+
+def slow_after(values, keep: int = 1):
+    """`values` for `pytest.mark.parametrize` with those after the first `keep` marked slow.
+
+    The default tier checks a mechanism on the first `keep` cases; the slow tier (CI runs both) on every one.
+    """
+    return [
+        value if index < keep else pytest.param(*(value if isinstance(value, tuple) else (value,)),
+                                                 marks=pytest.mark.slow)
+        for index, value in enumerate(values)
+    ]

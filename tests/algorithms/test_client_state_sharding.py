@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
 from jax.sharding import PartitionSpec
+from reference import slow_after
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
@@ -59,7 +60,7 @@ def test_client_state_is_split_where_told_or_where_memory_is_short():
     assert not split("auto", 1, algorithm="fedavg")  # No personal models.
 
 
-@pytest.mark.parametrize("name", ["ditto", "l2sgd", "apfl"])
+@pytest.mark.parametrize("name", slow_after(["ditto", "l2sgd", "apfl"]))
 def test_split_personal_models_equal_the_vmapped_ones(name):
     hparams = {"lr": 0.1, "lam": 0.5} if name != "apfl" else {"lr": 0.1, "apfl_alpha": 0.5}
     expected_algorithm, split_algorithm = build(name, VMAP), build(name, SPLIT)

@@ -15,6 +15,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 
 from jaxfl.algorithms.dp2 import dp2
 from jaxfl.training import ClientStrategy
@@ -90,7 +91,7 @@ HPARAMS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", ["rmsprop", "adagrad", "yogi"])
+@pytest.mark.parametrize("variant", slow_after(["rmsprop", "adagrad", "yogi"]))
 def test_rounds_equal_algorithm_11_as_a_numpy_loop_over_clients(variant):
     algorithm = build(variant)
     state, history = run_rounds(algorithm, algorithm.init(initial_params(), HPARAMS), ROUNDS, KEY)

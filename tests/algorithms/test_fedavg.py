@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from reference import local_sgd_reference, tiny_population
+from reference import local_sgd_reference, slow_after, tiny_population
 
 from jaxfl.algorithms import fedavg, server_optimizer
 from jaxfl.models import make_model
@@ -129,7 +129,7 @@ REFERENCE_SERVER_TX = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCE_SERVER_TX))
+@pytest.mark.parametrize("name", slow_after(sorted(REFERENCE_SERVER_TX), keep=2))
 def test_server_optimizers_apply_optax_to_the_pseudo_gradient(name):
     # FedAvgM/FedAdagrad/FedAdam/FedYogi (Reddi et al. 2021): the server step
     # is optax's on -mean(delta), two rounds so that the optimizer state counts.

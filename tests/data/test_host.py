@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import slow_after
 
 from jaxfl.algorithms.base import server_optimizer
 from jaxfl.algorithms.registry import Engine, build_algorithm
@@ -122,13 +123,16 @@ SHARDED = ClientStrategy("sharded", inner="sequential")
 # and sweep are test_a_run_and_a_sweep_on_a_host_population_equal_the_device_ones).
 @pytest.mark.parametrize(
     "name, strategy",
-    [
-        ("fedavg", VMAP),
-        ("deltafl", SEQUENTIAL),
-        ("qffl", SHARDED),
-        ("afl", VMAP),
-        ("ditto-dynamic", VMAP),
-    ],
+    slow_after(
+        [
+            ("fedavg", VMAP),
+            ("qffl", SHARDED),
+            ("deltafl", SEQUENTIAL),
+            ("afl", VMAP),
+            ("ditto-dynamic", VMAP),
+        ],
+        keep=2,
+    ),
     ids=lambda v: v if isinstance(v, str) else v.kind,
 )
 def test_round_on_gathered_cohorts_equals_the_device_round(name, strategy):

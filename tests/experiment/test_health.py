@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import TINY_LABEL_SHIFT
+from reference import TINY_LABEL_SHIFT, slow_after
 
 from jaxfl.cli import main
 from jaxfl.evaluation.summaries import summarize, within_range
@@ -124,10 +124,10 @@ def test_finite_points_against_numpy():
 
 @pytest.mark.parametrize(
     "flags, quantity",
-    [
+    slow_after([
         (["--algorithm", "ditto", "--lam", "3e38"], "the per-client state (personal models"),
         (["--finetune-epochs", "1", "--finetune-ewc", "3e38"], "personal models made after training"),
-    ],
+    ]),
 )
 def test_personal_models_that_diverge_stop_the_run(flags, quantity, tmp_path, capsys):
     out = tmp_path / "run"

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from absl.testing import parameterized
+from reference import slow_after
 
 from jaxfl.models import count_parameters
 from jaxfl.models.networks import as_model
@@ -217,6 +218,7 @@ def small_resnet():
     return model, jax.jit(model.apply), jax.jit(uncropped.apply), params
 
 
+@pytest.mark.slow  # The full-size ResNet-18 costs the default tier a compile.
 def test_resnet18_gn_size(full_resnet, small_resnet):
     # Kernels: stem 7*7*3*64; stage widths c = 64, 128, 256, 512 from c' = 64, 64, 128, 256, each
     # 9c'c + 3*9c^2 (four 3x3 convolutions) + c'c (the 1x1 shortcut, stages 2-4).
@@ -333,7 +335,7 @@ GRADIENT_MODELS = {  # The shapes of the other tests, whose eager initialization
 }
 
 
-@pytest.mark.parametrize("name", [*sorted(GRADIENT_MODELS), "resnet18-gn"])
+@pytest.mark.parametrize("name", slow_after([*sorted(GRADIENT_MODELS), "resnet18-gn"], keep=len(GRADIENT_MODELS)))
 def test_gradients_are_finite_nonzero_and_descend(name, small_resnet):
     if name == "resnet18-gn":
         model, _, _, params = small_resnet

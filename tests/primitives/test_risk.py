@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import slow_after
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 
@@ -88,7 +89,7 @@ HW = jax.jit(hierarchical_tilted_weights, static_argnums=2)
 H_GRAD = jax.jit(jax.grad(hierarchical_tilted_risk), static_argnums=2)
 
 
-@pytest.mark.parametrize("theta", THETAS)
+@pytest.mark.parametrize("theta", slow_after(THETAS, keep=2))
 def test_evar_and_tivar_equal_the_references(theta):
     for a, w in _draws(0):
         np.testing.assert_allclose(

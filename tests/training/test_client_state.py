@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
-from reference import TINY_LABEL_SHIFT, assert_cli_refuses, tiny_population
+from reference import TINY_LABEL_SHIFT, assert_cli_refuses, slow_after, tiny_population
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
@@ -81,7 +81,7 @@ def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4, population=PO
 
 # APFL once, adaptive: its rows ({'local': v_k, 'alpha': alpha_k}) hold the fixed-alpha APFL's
 # (v_k, rows that are models, as Ditto's are) and more; the fixed-alpha case checked no other path.
-@pytest.mark.parametrize("name", ["ditto", "ditto-dynamic", "apfl-adaptive", "mapper"])
+@pytest.mark.parametrize("name", slow_after(["ditto", "ditto-dynamic", "apfl-adaptive", "mapper"]))
 def test_host_rows_give_the_device_models_bit_for_bit(name):
     hparams = HPARAMS.get(name.split("-")[0], {"lr": 0.1})
     on_device = build(name, DEVICE)

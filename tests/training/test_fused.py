@@ -18,7 +18,7 @@ from jaxfl.kernels.local_training import (
     fused_local_sgd_reference,
     supports,
 )
-from reference import tiny_population
+from reference import slow_after, tiny_population
 
 from jaxfl.algorithms.base import server_optimizer
 from jaxfl.algorithms.registry import Engine, build_algorithm
@@ -70,13 +70,13 @@ def _assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
 
 @pytest.mark.parametrize(
     "widths, batch, loss, lr, l2, mu",
-    [
+    slow_after([
         ((9, 4), 5, "softmax", 0.3, 0.0, 0.0),  # linear, batch padded to 16
         ((150, 62), 10, "softmax", 0.1, 0.01, 0.0),  # two feature tiles, the last masked
         ((9, 20, 7, 4), 3, "softmax", 0.2, 0.0, 0.5),  # MLP, proximal term
         ((9, 1), 17, "logistic", 0.5, 0.1, 0.2),  # binary label, batch padded to 32
         ((9, 24, 1), 4, "logistic", 0.5, 0.0, 0.0),
-    ],
+    ], keep=3),
 )
 def test_kernel_matches_reference(widths, batch, loss, lr, l2, mu):
     layout = DenseLayout(widths, batch, loss)
@@ -179,10 +179,10 @@ def _start(model, seed=0):
 
 @pytest.mark.parametrize(
     "model_name, hidden, epochs, max_steps, l2, mu, stragglers",
-    [
+    slow_after([
         ("linear", (), 2, None, 0.01, None, False),
         ("mlp", (8, 16), 1, 5, None, 0.3, True),
-    ],
+    ]),
 )
 def test_train_cohort_fused_equals_scan(model_name, hidden, epochs, max_steps, l2, mu, stragglers):
     model = make_model(model_name, (9,), 4, hidden_sizes=hidden)
