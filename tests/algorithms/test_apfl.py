@@ -27,7 +27,7 @@ from algorithms.reference_rounds import (
     plan_key,
     run_rounds,
 )
-from reference import TINY_LABEL_SHIFT, softmax_regression_grad
+from reference import TINY_LABEL_SHIFT, slow_after, softmax_regression_grad
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.apfl import apfl
@@ -99,7 +99,7 @@ def apfl_reference(w0, num_rounds, alpha, alpha_lr=0.0):
     return kernel, bias, v_kernel, v_bias
 
 
-@pytest.mark.parametrize("alpha", [0.3, 1.0])
+@pytest.mark.parametrize("alpha", slow_after([0.3, 1.0]))
 def test_apfl_matches_numpy_loop(alpha):
     algorithm = build()
     state = algorithm.init(initial_params(), {"lr": LR, "apfl_alpha": alpha})

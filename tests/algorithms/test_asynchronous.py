@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_params, run_rounds
 from clock.test_clock import WINDOWS, _availability, _next_online_reference, _online_reference
-from reference import local_sgd_reference
+from reference import local_sgd_reference, slow_after
 
 from jaxfl.algorithms.fedasync import fedasync
 from jaxfl.algorithms.fedbuff import fedbuff
@@ -110,7 +110,7 @@ def _buffered_mean(weight):
     return apply
 
 
-@pytest.mark.parametrize("staleness", ["polynomial", "hinge"])
+@pytest.mark.parametrize("staleness", slow_after(["polynomial", "hinge"]))
 def test_fedbuff_equals_an_event_loop_with_stale_versions(staleness):
     algorithm = fedbuff(TASK, LOCAL, 2, 5, N, PROFILES, strategy=ClientStrategy("vmap"), staleness=staleness)
     hparams = {"lr": LR, "staleness_exponent": 0.7, "staleness_hinge": 1.0}

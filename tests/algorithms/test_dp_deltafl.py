@@ -16,6 +16,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 from scipy import stats
 
 from jaxfl.algorithms import deltafl
@@ -73,7 +74,7 @@ def build_deltafl():
     )
 
 
-@pytest.mark.parametrize("theta", [0.5, 0.25])
+@pytest.mark.parametrize("theta", slow_after([0.5, 0.25]))
 def test_without_noise_it_is_deltafl_with_the_histogram_quantile(theta):
     state, history = run({**NOISE_OFF, "theta": theta, "clip_norm": np.inf})
     plain = build_deltafl()
@@ -92,7 +93,7 @@ def test_without_noise_it_is_deltafl_with_the_histogram_quantile(theta):
         assert ours["clients_with_weight"] == theirs["clients_with_weight"]
 
 
-@pytest.mark.parametrize("count", ["exact", "fixed"])
+@pytest.mark.parametrize("count", slow_after(["fixed", "exact"]))
 def test_clipped_rounds_equal_a_numpy_loop_over_clients(count):
     # exact: s_t / m_t (004 App. D); fixed: s_t / (theta m), the sound default.
     theta, clip_norm = 0.5, 0.05

@@ -46,7 +46,9 @@ def run(algorithm, hparams, num_rounds=3):
 def test_clipped_rounds_equal_a_numpy_loop_over_clients_and_examples():
     clip = 0.3  # Below most examples' gradient norms at the start.
     state, _ = run(build(), {"example_clip_norm": clip, "dp_noise_multiplier": 0.0})
-    kernel, bias, _ = reference_rounds(initial_params(), KEY, 3, clients_per_round=M, lr=LR, example_clip=clip)
+    kernel, bias, _ = reference_rounds(
+        initial_params(), KEY, 3, clients_per_round=M, lr=LR, example_clip=clip
+    )
     assert_params_close(state.params, kernel, bias)
     # The test has power: without clipping (or dividing short batches by their count) it differs.
     plain, _, _ = reference_rounds(initial_params(), KEY, 3, clients_per_round=M, lr=LR)
@@ -77,7 +79,8 @@ def test_each_step_adds_gaussian_noise_of_std_2zc_from_the_documented_key():
 
     def step_noise(step):
         noise = gaussian_noise_like(jax.random.fold_in(noise_key, step), params, 2 * z * clip)
-        return np.asarray(noise["dense"]["kernel"], np.float64), np.asarray(noise["dense"]["bias"], np.float64)
+        dense = noise["dense"]
+        return np.asarray(dense["kernel"], np.float64), np.asarray(dense["bias"], np.float64)
 
     data = POPULATION.client(1)
     orders = epoch_orders(client_key, POPULATION.counts[1], POPULATION.max_count, LOCAL.num_epochs)

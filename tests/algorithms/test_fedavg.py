@@ -47,7 +47,7 @@ def _reference_rounds(params, key, num_rounds, *, clients_per_round, lr, weighti
     return kernel, bias
 
 
-@pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
+@pytest.mark.parametrize("weighting", slow_after(["num_examples", "uniform"]))
 def test_compiled_rounds_equal_python_loop(weighting):
     algorithm = fedavg(
         TASK, LOCAL, 5, strategy=ClientStrategy("vmap"), client_weighting=weighting

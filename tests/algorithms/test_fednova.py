@@ -15,6 +15,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.fednova import fednova
@@ -46,7 +47,7 @@ def fednova_coefficients(epochs_of):
     return aggregate
 
 
-@pytest.mark.parametrize("weighting", ["num_examples", "uniform"])
+@pytest.mark.parametrize("weighting", slow_after(["num_examples", "uniform"]))
 def test_fednova_matches_a_loop_over_clients_with_stragglers(weighting):
     algorithm = build(0.4, weighting=weighting)
     state, metrics = run_rounds(algorithm, algorithm.init(initial_params(), {"lr": LR}), 3, KEY)

@@ -23,7 +23,7 @@ from algorithms.reference_rounds import (
     initial_params,
     run_rounds,
 )
-from reference import softmax_regression_grad
+from reference import slow_after, softmax_regression_grad
 
 from jaxfl.algorithms.mapper import mapper
 from jaxfl.training import ClientStrategy
@@ -89,7 +89,7 @@ def mapper_reference(w0, num_rounds):
     return kernel, bias, u_kernel, u_bias, lams
 
 
-@pytest.mark.parametrize("strategy", ["vmap", "sequential"])
+@pytest.mark.parametrize("strategy", slow_after(["vmap", "sequential"]))
 def test_mapper_matches_numpy_loop(strategy):
     layout = ClientStrategy(strategy)
     algorithm = mapper(TASK, LOCAL, M, N, strategy=layout, candidates=CANDIDATES)

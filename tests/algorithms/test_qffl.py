@@ -15,6 +15,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 
 from jaxfl.algorithms import Engine, build_algorithm, server_optimizer
 from jaxfl.training import ClientStrategy
@@ -57,7 +58,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", slow_after(list(CASES)))
 def test_rounds_equal_numpy_reference_and_q_zero_is_fedavg(case):
     name, variant, weighting = CASES[case]
     algorithm = build(name, variant, weighting)

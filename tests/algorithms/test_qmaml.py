@@ -14,7 +14,7 @@ from algorithms.reference_rounds import (
     initial_params,
     run_rounds,
 )
-from reference import softmax_regression_grad
+from reference import slow_after, softmax_regression_grad
 
 from jaxfl.algorithms.qmaml import qmaml
 from jaxfl.training import ClientStrategy
@@ -57,7 +57,9 @@ def qmaml_reference(q, weighting, num_rounds):
     return x
 
 
-@pytest.mark.parametrize("q, weighting", [(1.0, "num_examples"), (0.0, "uniform"), (2.5, "uniform")])
+@pytest.mark.parametrize(
+    "q, weighting", slow_after([(1.0, "num_examples"), (0.0, "uniform"), (2.5, "uniform")])
+)
 def test_qmaml_matches_a_loop_over_clients(q, weighting):
     algorithm = build(weighting)
     hparams = {"lr": LR, "q": q, "perfedavg_alpha": ETA}

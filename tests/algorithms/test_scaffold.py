@@ -17,7 +17,7 @@ from algorithms.reference_rounds import (
     initial_params,
     run_rounds,
 )
-from reference import softmax_regression_grad
+from reference import slow_after, softmax_regression_grad
 
 from jaxfl.algorithms.scaffold import scaffold
 from jaxfl.training import ClientStrategy
@@ -88,7 +88,7 @@ def leaves(tree):
     return [np.asarray(tree["dense"][k]) for k in ("kernel", "bias")]
 
 
-@pytest.mark.parametrize("option", [2, 1])
+@pytest.mark.parametrize("option", slow_after([2, 1]))
 def test_scaffold_matches_a_loop_over_clients(option):
     state, history = run(option)
     x, c, c_clients = scaffold_reference(option, 3)

@@ -68,7 +68,8 @@ COMPILED = {
 
 # The default tier compiles the first of each kind; tracing every other algorithm is the slow tier's.
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=() if name in COMPILED else pytest.mark.slow) for name in algorithm_names()]
+    "name",
+    [pytest.param(name, marks=() if name in COMPILED else pytest.mark.slow) for name in algorithm_names()],
 )
 def test_every_algorithm_trains_a_sequence_model_in_one_compiled_round(name):
     # Per-FedAvg deals each minibatch into three parts.

@@ -16,6 +16,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 
 from jaxfl.algorithms import fedavg, scaffold
 from jaxfl.clock import (
@@ -126,7 +127,7 @@ def _clock_round(t, gumbel, profiles, count, target, deadline, model_bytes):
     )
 
 
-@pytest.mark.parametrize("deadline, target", [(1.2, 3), (None, 4)])
+@pytest.mark.parametrize("deadline, target", slow_after([(1.2, 3), (None, 4)]))
 def test_rounds_with_overselection_and_a_deadline_equal_a_discrete_event_loop(deadline, target):
     profiles = lognormal_profiles(jax.random.key(4), N, step_seconds=0.1, sigma=0.6)
     clock = Clock(profiles, _availability(), overselect=1.5, deadline=deadline)

@@ -14,6 +14,7 @@ from algorithms.reference_rounds import (
     reference_rounds,
     run_rounds,
 )
+from reference import slow_after
 
 from jaxfl.algorithms import fedavg
 from jaxfl.algorithms.fedavg import random_subset_mask
@@ -44,7 +45,7 @@ def _top_k_numpy(x, k):
     return out
 
 
-@pytest.mark.parametrize("stragglers", [0.0, 0.5])
+@pytest.mark.parametrize("stragglers", slow_after([0.0, 0.5]))
 def test_top_k_with_error_feedback_equals_a_numpy_loop_over_rounds(stragglers):
     compression = UpdateCompression("top-k", fraction=0.25, error_feedback=True, num_clients=N)
     d = 5 * 3 + 3
@@ -102,10 +103,10 @@ def test_top_k_keeping_everything_leaves_the_round_unchanged_bit_for_bit():
 
 @pytest.mark.parametrize(
     "compression",
-    [
+    slow_after([
         UpdateCompression("qsgd", bits=2, bucket_size=4, rotation=True, error_feedback=True, num_clients=6),
         UpdateCompression("rand-k", fraction=0.3),
-    ],
+    ]),
     ids=["qsgd-bucketed-rotated-ef", "rand-k"],
 )
 def test_cohort_compression_equals_a_loop_over_clients(compression):

@@ -61,7 +61,7 @@ def test_client_blocks_cover_every_client_within_the_row_budget():
         assert counts[start:stop].sum() <= 6
 
 
-@pytest.mark.parametrize("block_rows", [1, 7, 1 << 16])
+@pytest.mark.parametrize("block_rows", slow_after([1, 7, 1 << 16], keep=2))
 def test_streamed_evaluation_equals_the_device_evaluation(block_rows):
     data = load_dataset("synthetic", num_clients=12)
     task = Task(make_model("linear", data.input_shape, data.num_classes))

@@ -17,7 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from reference import TINY_LABEL_SHIFT, StopAfter, csv_rows
+from reference import TINY_LABEL_SHIFT, StopAfter, csv_rows, slow_after
 
 from jaxfl.cli import main
 from jaxfl.experiment import training_loop
@@ -123,7 +123,7 @@ def _assert_stopped_by_sigint(out, capsys):
     return marker
 
 
-@pytest.mark.parametrize("latest", ["missing", "damaged"])
+@pytest.mark.parametrize("latest", slow_after(["missing", "damaged"]))
 def test_resume_from_the_state_kill_9_leaves(latest, uninterrupted_vmap, tmp_path, monkeypatch, capsys):
     # A SIGINT stop of the vmap layout, checked as such; then its state cut as kill -9 between
     # checkpoints leaves it: the latest checkpoint never written (or damaged on disk: the one before

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import slow_after
 
 from jaxfl.models import count_parameters, make_model, multinomial_logistic_loss
 
@@ -55,7 +56,7 @@ def test_bad_models(name, shape, message):
         make_model(name, shape, 3)
 
 
-@pytest.mark.parametrize("conv", ["patches", "canonical"])
+@pytest.mark.parametrize("conv", slow_after(["patches", "canonical"]))
 def test_convnet_implementations_equal_lax_convolution_under_vmap(conv):
     lax_model = make_model("convnet", (784,), 62, conv="lax")
     patch_model = make_model("convnet", (784,), 62, conv=conv)

@@ -335,7 +335,9 @@ GRADIENT_MODELS = {  # The shapes of the other tests, whose eager initialization
 }
 
 
-@pytest.mark.parametrize("name", slow_after([*sorted(GRADIENT_MODELS), "resnet18-gn"], keep=len(GRADIENT_MODELS)))
+@pytest.mark.parametrize(
+    "name", slow_after([*sorted(GRADIENT_MODELS), "resnet18-gn"], keep=len(GRADIENT_MODELS))
+)
 def test_gradients_are_finite_nonzero_and_descend(name, small_resnet):
     if name == "resnet18-gn":
         model, _, _, params = small_resnet
@@ -358,7 +360,7 @@ def model_input_shape(model, name):
     return (32, 32, 3) if name == "resnet18-gn" else (784,)
 
 
-@pytest.mark.parametrize("name", ["emnist-cr-cnn", "resnet18-gn"])
+@pytest.mark.parametrize("name", slow_after(["emnist-cr-cnn", "resnet18-gn"]))
 def test_vmap_over_clients_matches_each_client(name, small_resnet):
     if name == "resnet18-gn":
         model, apply, _, params = small_resnet

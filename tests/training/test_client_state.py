@@ -129,7 +129,7 @@ def test_client_id_blocks_cover_every_client_with_one_shape():
         assert all(b.min() >= 0 and b.max() < num_clients for b in blocks)
 
 
-@pytest.mark.parametrize("name", ["ditto", "apfl", "apfl-adaptive", "mapper"])
+@pytest.mark.parametrize("name", slow_after(["ditto", "apfl", "apfl-adaptive", "mapper"]))
 def test_block_evaluation_equals_the_whole_populations(name):
     hparams = HPARAMS.get(name.split("-")[0], {"lr": 0.1})
     algorithm = build(name, DEVICE)

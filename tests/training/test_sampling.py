@@ -3,11 +3,11 @@
 import jax
 import numpy as np
 import pytest
+from reference import floyd_sample_reference
 from scipy import stats
 
 from jaxfl.training import sampling
 from jaxfl.training.sampling import sample_without_replacement
-from reference import floyd_sample_reference
 
 
 @pytest.mark.parametrize("population_size, sample_size", [(1, 1), (10, 10), (50, 7), (10**6, 100)])
