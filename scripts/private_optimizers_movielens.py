@@ -22,8 +22,7 @@ grid by the mean test MSE over the seeds, as the thesis tunes.
     python scripts/private_optimizers_movielens.py --dataset movielens --data-dir ~/ml-100k --seeds 0 1 2
     python scripts/private_optimizers_movielens.py --seeds 0 --epochs 5       # the substitute, shorter
 
-Per step the per-example gradients of the two tables are materialized (64 x 262,500 floats, 67 MB),
-so the thesis's 50 epochs are long on a CPU.
+Per step the per-example gradients of the two tables are materialized (64 x 262,500 floats, 67 MB).
 
 References:
   [Li 2023] Scalable and Trustworthy Learning in Heterogeneous Networks. PhD thesis, CMU, 2023,
@@ -82,25 +81,10 @@ def loss(params, users, items, ratings):
 
 
 def optimizer(method: str, learning_rate, noise_multiplier: float, key, side_information, steps_per_epoch):
-    """The method as an optax chain over per-example gradients."""
-    private = optimizers.privatize(CLIP_NORM, noise_multiplier, key)
-    if method == "sgd (not private)":
-        mean = optax.GradientTransformation(
-            lambda params: optax.EmptyState(),
-            lambda updates, state, params=None: (jax.tree.map(lambda g: g.mean(axis=0), updates), state),
-        )
-        return optax.chain(mean, optax.sgd(learning_rate))
-    if method == "dp-sgd":
-        return optax.chain(private, optax.sgd(learning_rate))
-    if method == "dp-rmsprop":
-        return optimizers.dp_rmsprop(learning_rate, CLIP_NORM, noise_multiplier, key)
-    if method == "adadps":
-        return optax.chain(
-            optimizers.scale_by_side_information(side_information), private, optax.sgd(learning_rate)
-        )
-    return optimizers.dp2(
-        (learning_rate, learning_rate), (CLIP_NORM, CLIP_NORM), noise_multiplier, key,
-        sgd_steps=steps_per_epoch, rmsprop_steps=steps_per_epoch, beta=0.9, eps=1e-3,
+    """The method as an optax chain over per-example gradients (`optimizers.table_6_11_method`)."""
+    return optimizers.table_6_11_method(
+        method.removesuffix(" (not private)"), learning_rate, CLIP_NORM, noise_multiplier, key,
+        side_information=side_information, phase_steps=steps_per_epoch,
     )
 
 

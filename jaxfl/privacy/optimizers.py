@@ -248,6 +248,47 @@ def dp_rmsprop(
     )
 
 
+TABLE_6_11_METHODS = ("sgd", "dp-sgd", "dp-rmsprop", "adadps", "dp2-rmsprop")
+
+
+def table_6_11_method(
+    name: str, learning_rate, clip_norm, noise_multiplier, key: Key, *,
+    side_information: PyTree | None = None, phase_steps: int | None = None,
+) -> optax.GradientTransformation:
+    """One of the methods Li 2023, Table 6.11 compares, by name, over per-example gradients.
+
+    'sgd' (not private: the rows' mean, then SGD, the floor), 'dp-sgd' (`privatize`, then SGD),
+    'dp-rmsprop' (`dp_rmsprop`), 'adadps' (`scale_by_side_information(side_information)`, then
+    `privatize` and SGD: Algorithm 8, option 2) and 'dp2-rmsprop' (`dp2` with phases of
+    `phase_steps` steps, the same rate and clip in both, beta 0.9, eps 1e-3: the thesis's s1 = s2).
+
+    Raises:
+      ValueError: an unknown name, or adadps without side information, dp2 without phase_steps.
+    """
+    check_choice("name", name, TABLE_6_11_METHODS)
+    private = privatize(clip_norm, noise_multiplier, key)
+    if name == "sgd":
+        mean = optax.GradientTransformation(
+            lambda params: optax.EmptyState(),
+            lambda updates, state, params=None: (jax.tree.map(lambda g: g.mean(axis=0), updates), state),
+        )
+        return optax.chain(mean, optax.sgd(learning_rate))
+    if name == "dp-sgd":
+        return optax.chain(private, optax.sgd(learning_rate))
+    if name == "dp-rmsprop":
+        return dp_rmsprop(learning_rate, clip_norm, noise_multiplier, key)
+    if name == "adadps":
+        if side_information is None:
+            raise ValueError("adadps needs side_information")
+        return optax.chain(scale_by_side_information(side_information), private, optax.sgd(learning_rate))
+    if phase_steps is None:
+        raise ValueError("dp2-rmsprop needs phase_steps")
+    return dp2(
+        (learning_rate, learning_rate), (clip_norm, clip_norm), noise_multiplier, key,
+        sgd_steps=phase_steps, rmsprop_steps=phase_steps, beta=0.9, eps=1e-3,
+    )
+
+
 def delayed_second_moment(variant: str, beta, v: jax.Array, mean: jax.Array) -> jax.Array:
     """DP^2's refresh of the second moment v from the mean g of the last SGD phase's privatized gradients.
 

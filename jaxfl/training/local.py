@@ -580,7 +580,7 @@ def local_sgd(
     # Dropout and augmentation: a stream of the client's key apart from the
     # epoch orders (which fold in the epoch index).
     model_key = jax.random.fold_in(key, _MODEL_STREAM)
-    privacy_key = jax.random.fold_in(key, _NOISE_STREAM)
+    privacy_key = None if hparams.example_privacy is None else jax.random.fold_in(key, _NOISE_STREAM)
     reads_batch = (objective, step, hparams.kl_mu, hparams.sample_tilt)
     if hparams.example_privacy is not None and any(term is not None for term in reads_batch):
         raise ValueError(

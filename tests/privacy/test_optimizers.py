@@ -272,3 +272,35 @@ def test_no_noise_with_an_infinite_clip_norm_and_no_rows_clipped_to_zeros():
     empty = {k: np.zeros((0, *v.shape), np.float32) for k, v in PARAMS.items()}
     total, norms = clipped_sum(empty, 1.0)
     assert norms.shape == (0,) and all(np.all(np.asarray(v) == 0) for v in total.values())
+
+
+def test_table_6_11_methods_by_name_are_the_documented_chains():
+    params = {"w": jnp.ones((3, 2))}
+    rows = {"w": jax.random.normal(jax.random.key(0), (4, 3, 2))}
+    key, side = jax.random.key(1), {"w": jnp.full((3, 2), 2.0)}
+
+    def step(tx):
+        updates, _ = tx.update(rows, tx.init(params), params)
+        return np.asarray(updates["w"])
+
+    mean_sgd = -0.1 * np.asarray(rows["w"]).mean(axis=0)
+    plain = optimizers.table_6_11_method("sgd", 0.1, 1.0, 0.5, key)
+    np.testing.assert_allclose(step(plain), mean_sgd, rtol=1e-6)
+    expected = {
+        "dp-sgd": optax.chain(optimizers.privatize(1.0, 0.5, key), optax.sgd(0.1)),
+        "dp-rmsprop": optimizers.dp_rmsprop(0.1, 1.0, 0.5, key),
+        "adadps": optax.chain(
+            optimizers.scale_by_side_information(side), optimizers.privatize(1.0, 0.5, key), optax.sgd(0.1)
+        ),
+    }
+    for name, tx in expected.items():
+        built = optimizers.table_6_11_method(name, 0.1, 1.0, 0.5, key, side_information=side)
+        np.testing.assert_array_equal(step(built), step(tx))
+    dp2 = optimizers.table_6_11_method("dp2-rmsprop", 0.1, 1.0, 0.5, key, phase_steps=2)
+    reference = optimizers.dp2(
+        (0.1, 0.1), (1.0, 1.0), 0.5, key, sgd_steps=2, rmsprop_steps=2, beta=0.9, eps=1e-3
+    )
+    np.testing.assert_array_equal(step(dp2), step(reference))
+    for name, words in [("adam", "name"), ("adadps", "side_information"), ("dp2-rmsprop", "phase_steps")]:
+        with pytest.raises(ValueError, match=words):
+            optimizers.table_6_11_method(name, 0.1, 1.0, 0.5, key)
