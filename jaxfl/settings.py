@@ -46,6 +46,9 @@ class Setting:
       low, high, low_open, high_open: the allowed interval, when numeric.
       choices: the allowed values, when enumerated.
       optional: whether None (unset) is allowed.
+      unset_word: for an optional setting, a word that unsets it where a
+        value is expected (a flag, or a config file, which has no null):
+        `--eval-clients all` undoes a preset's sample.
       flag: whether it has a command-line flag (else config files only).
       items: for a list-valued setting, how its elements are checked.
       default_text: what `--help` says the default is, where the value is
@@ -63,6 +66,7 @@ class Setting:
     high_open: bool = False
     choices: tuple | None = None
     optional: bool = False
+    unset_word: str | None = None
     flag: bool = True
     items: Items | None = None
     default_text: str | None = None
@@ -88,8 +92,8 @@ class Setting:
         metadata = {
             name: getattr(self, name)
             for name in (
-                "help", "low", "high", "low_open", "high_open", "choices", "optional", "flag", "items",
-                "default_text",
+                "help", "low", "high", "low_open", "high_open", "choices", "optional", "unset_word", "flag",
+                "items", "default_text",
             )
         }
         if help is not None:

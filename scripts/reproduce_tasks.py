@@ -48,6 +48,7 @@ PROTOCOLS = {
             "--lr", "1.0",
             "--lr-decay-period", "100",
             "--eval-every", "50",
+            "--eval-clients", "all",  # Every test role, as the table was measured (the preset samples 32).
         ],
         "parts": {
             "fedavg": ["run", "--algorithm", "fedavg"],

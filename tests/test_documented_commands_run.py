@@ -36,8 +36,8 @@ Reductions, and why the command still runs as written:
   with it).
 * `--eval-clients 16` is appended to runs on the real datasets whose test
   populations are large (Shakespeare, Fashion-MNIST) where the command does not
-  give it: evaluating every test client would dominate a two-round run. A
-  command that gives it keeps its own value.
+  give it, or gives `all`: evaluating every test client would dominate a
+  two-round run. A command that gives a number keeps it.
 * `evaluate`, `report` and `list` run exactly as written.
 * `~` is expanded as a shell expands it.
 
@@ -140,8 +140,8 @@ def _reduced(argv, stopped):
     if "--max-local-steps" not in argv:
         argv = [*argv, "--max-local-steps", MAX_LOCAL_STEPS]
     config = resolve_config(build_parser().parse_args(argv))
-    if config.dataset in LARGE_EVALUATION and "--eval-clients" not in argv:
-        argv = [*argv, "--eval-clients", EVAL_CLIENTS]
+    if config.dataset in LARGE_EVALUATION and config.eval_clients is None:  # Unset, or `all`.
+        argv = _set(argv, "--eval-clients", EVAL_CLIENTS)
     return [*argv, "--no-progress"]
 
 

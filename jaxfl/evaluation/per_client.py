@@ -6,6 +6,9 @@ the per-example values are summed per client with a segment sum: the cost is
 proportional to the total number of examples, whatever the client sizes.
 A host-resident population (`jaxfl.data.host`) is evaluated the same way,
 streamed to the device in blocks of clients (`host_population_metrics`).
+Given a mesh, the chunks are dealt out to its devices and their per-client
+sums added (`psum`): a population replicated on the devices would otherwise
+be evaluated whole by every one of them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxfl.data.host import HostPopulation, client_blocks
 from jaxfl.data.population import ClientPopulation
@@ -60,6 +64,7 @@ def per_client_metrics(
     population: ClientPopulation,
     *,
     chunk_rows: int | None = None,
+    mesh: Mesh | None = None,
 ) -> ClientMetrics:
     """Mean loss F_i(w) and misclassification error of every client.
 
@@ -72,6 +77,10 @@ def per_client_metrics(
       population: the clients, packed.
       chunk_rows: examples evaluated together (static; None:
         `default_chunk_rows`).
+      mesh: devices (one axis) that `params` and `population` are replicated
+        on: each evaluates every D-th chunk and the sums are added; None, or
+        one device: all chunks in one scan. The sums' order of addition, so
+        their last bits, depends on the mesh.
 
     Returns:
       `ClientMetrics` with `[N]` float32 arrays.
@@ -79,28 +88,50 @@ def per_client_metrics(
     num_rows = population.num_examples
     chunk = min(chunk_rows or default_chunk_rows(population), num_rows)
     num_chunks = -(-num_rows // chunk)
-    owners = population.example_client_ids
+    num_devices = 1 if mesh is None else mesh.size
 
-    def add_chunk(totals, start):
-        rows = start + jnp.arange(chunk)
-        valid = rows < num_rows
-        rows = jnp.minimum(rows, num_rows - 1)
-        batch = {name: feature[rows] for name, feature in population.features.items()}
-        stats = task.example_stats(params, batch)
-        # Padding rows of the last chunk go to an extra segment, dropped below.
-        segments = jnp.where(valid, owners[rows], population.num_clients)
-        sums = jax.ops.segment_sum(
-            jnp.stack(stats, axis=-1),
-            segments,
-            num_segments=population.num_clients + 1,
+    def chunk_sums(params, population, starts):
+        owners = population.example_client_ids
+
+        def add_chunk(totals, start):
+            rows = start + jnp.arange(chunk)
+            valid = rows < num_rows
+            rows = jnp.minimum(rows, num_rows - 1)
+            batch = {name: feature[rows] for name, feature in population.features.items()}
+            stats = task.example_stats(params, batch)
+            # Padding rows (of the last chunk, and whole chunks past the end) go to an extra
+            # segment, dropped below.
+            segments = jnp.where(valid, owners[rows], population.num_clients)
+            sums = jax.ops.segment_sum(
+                jnp.stack(stats, axis=-1),
+                segments,
+                num_segments=population.num_clients + 1,
+            )
+            return totals + sums[:-1], None
+
+        totals, _ = jax.lax.scan(
+            add_chunk,
+            jnp.zeros((population.num_clients, len(ExampleStats._fields)), jnp.float32),
+            starts,
         )
-        return totals + sums[:-1], None
+        return totals
 
-    totals, _ = jax.lax.scan(
-        add_chunk,
-        jnp.zeros((population.num_clients, len(ExampleStats._fields)), jnp.float32),
-        jnp.arange(num_chunks) * chunk,
-    )
+    # Chunk c goes to device c mod D: neighbouring chunks (the same large clients) are spread out.
+    per_device = -(-num_chunks // num_devices)
+    starts = (jnp.arange(per_device * num_devices) * chunk).reshape(per_device, num_devices).T
+    if num_devices == 1:
+        totals = chunk_sums(params, population, starts[0])
+    else:
+        axis = mesh.axis_names[0]
+        totals = jax.shard_map(
+            lambda params, population, starts: jax.lax.psum(chunk_sums(params, population, starts[0]), axis),
+            mesh=mesh,
+            in_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(axis)),
+            out_specs=PartitionSpec(),
+            # Models' scans start from replicated carries that the device's chunk makes varying;
+            # nothing here is differentiated, and the psum makes the output replicated.
+            check_vma=False,
+        )(params, population, starts)
     sums = ExampleStats(*jnp.unstack(totals, axis=1))
     loss, error = client_means(sums)
     return ClientMetrics(loss=loss, error=error, targets=sums.error_weight)

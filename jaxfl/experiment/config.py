@@ -311,8 +311,9 @@ class _RunLevelSettings:
         None,
         "evaluate on a fixed sample of this many clients of each population (one client from each stratum "
         "by size, drawn from --seed; the same for every algorithm and round) instead of all of them; "
-        "`jaxfl evaluate` evaluates every client of a saved model (unset: all)",
-        low=1, optional=True,
+        "all: every client (undoes a preset's sample); `jaxfl evaluate` evaluates every client of a saved "
+        "model",
+        low=1, optional=True, unset_word="all", default_text="all",
     )
     eval_train: bool = _field(
         False,
@@ -477,7 +478,7 @@ def check_value(name: str, value: Any) -> Any:
     field = FIELDS[name]
     meta = field.metadata
     kind = _expected_type(field)
-    if value is None:
+    if value is None or (meta["unset_word"] is not None and value == meta["unset_word"]):
         if meta["optional"]:
             return None
         raise ConfigError(f"{name} must be set")
@@ -492,8 +493,9 @@ def check_value(name: str, value: Any) -> Any:
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         ):
+            unset = f" or {meta['unset_word']}" if meta["unset_word"] else ""
             raise ConfigError(
-                f"{name} must be an integer{_ranged(meta)}, got {_shown(value)}"
+                f"{name} must be an integer{_ranged(meta)}{unset}, got {_shown(value)}"
             )
         value = int(value)
     elif kind == "float":

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxfl.data.host import HostPopulation, place_population
 from jaxfl.data.population import FederatedDataset
@@ -37,16 +38,17 @@ def _summary_weights(name, population, client_weighting, benign):
     return benign if weights is None else weights * benign
 
 
-def _evaluate_populations(task: Task, client_weighting: str, params, populations, benign=None):
+def _evaluate_populations(task: Task, client_weighting: str, mesh, params, populations, benign=None):
     """Summaries and per-client metrics of `params` on each population.
 
     `benign` (population name -> `[N]` float32 0/1, or None) restricts the
-    summaries to the benign clients of a run with an attack.
+    summaries to the benign clients of a run with an attack. `mesh`: the
+    devices the evaluation is split over (`per_client_metrics`), or None.
     """
     benign = benign or {}
     to_summarize, clients = {}, {}
     for name, population in populations.items():
-        metrics = per_client_metrics(task, params, population)
+        metrics = per_client_metrics(task, params, population, mesh=mesh)
         weights = _summary_weights(name, population, client_weighting, benign.get(name))
         to_summarize[name] = (metrics.loss, metrics.error, weights)
         clients[name] = {"loss": metrics.loss, "error": metrics.error, "targets": metrics.targets}
@@ -98,9 +100,9 @@ _evaluate_personal_batched = jax.jit(
 
 # Module-level jits with the task static: every run of a setup (several
 # algorithms, sweeps, the family) shares one compiled evaluation.
-_evaluate = jax.jit(_evaluate_populations, static_argnums=(0, 1))
+_evaluate = jax.jit(_evaluate_populations, static_argnums=(0, 1, 2))
 _evaluate_batched = jax.jit(
-    jax.vmap(_evaluate_populations, in_axes=(None, None, 0, None, None)), static_argnums=(0, 1)
+    jax.vmap(_evaluate_populations, in_axes=(None, None, None, 0, None, None)), static_argnums=(0, 1, 2)
 )
 
 
@@ -114,6 +116,7 @@ def make_evaluator(
     personal_group: int = 16,
     sample: Mapping[str, np.ndarray] | None = None,
     train: bool = True,
+    mesh: Mesh | None = None,
 ) -> Callable[[Any], tuple[dict, dict]]:
     """A compiled `(params, personal=()) -> (summaries, per-client metrics)`.
 
@@ -141,6 +144,10 @@ def make_evaluator(
     under personal splits), with `train=False` too.
     With `train=False` the training clients are not evaluated (no `train_*`
     summaries or rows): where evaluation dominates a run, they are half of it.
+
+    `mesh` (the run's, `ClientStrategy.mesh`): the devices that the
+    parameters and the device-resident populations are replicated on; each
+    evaluates its share of the examples (`per_client_metrics`).
     """
     sample = dict(sample or {})
     populations = {
@@ -209,7 +216,8 @@ def make_evaluator(
         if "train" in sample and jax.tree.leaves(personal):
             personal = _sampled_personal_models(personal, sample["train"], batched)
         summaries, clients = jax.device_get(
-            evaluate(task, client_weighting, params, on_device, benign)
+            evaluate(task, client_weighting, mesh if mesh is not None and mesh.size > 1 else None,
+                     params, on_device, benign)
         )
         personal_summaries, personal_clients = {}, {}
         if isinstance(personal, HostPersonalModels):

@@ -375,6 +375,7 @@ def run_algorithm(
         personal_group=personal_evaluation_group(strategy),
         sample=evaluation_clients(run_setup),
         train=config.eval_train,
+        mesh=strategy.mesh,
     )
     latest: dict[str, Any] = {"summaries": {}, "clients": {}}
     if progress is not None and start_round:

@@ -169,6 +169,7 @@ def batched_evaluator(run_setup: Setup) -> Callable:
         engine.task,
         engine.client_weighting,
         personal_evaluation_group(engine.strategy),
+        engine.strategy.mesh,
         None if corrupted is None else corrupted.tobytes(),
         run_setup.config.eval_clients,
         run_setup.config.eval_train,
@@ -179,7 +180,7 @@ def batched_evaluator(run_setup: Setup) -> Callable:
         evaluators[key] = make_evaluator(
             engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted,
             personal_group=personal_evaluation_group(engine.strategy), sample=evaluation_clients(run_setup),
-            train=run_setup.config.eval_train,
+            train=run_setup.config.eval_train, mesh=engine.strategy.mesh,
         )
     return evaluators[key]
 

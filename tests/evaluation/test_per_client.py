@@ -32,6 +32,36 @@ def test_per_client_metrics_match_loop(chunk_rows):
         np.testing.assert_allclose(metrics.error[i], error, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk_rows", [5, 4096])
+def test_split_over_devices_equals_one_device_and_vmaps(chunk_rows):
+    # 84 rows: 17 chunks of 5 on 3 devices (one slot past the end), or one chunk and two empty slots.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:3]), ("clients",))
+    keys = jax.random.split(jax.random.key(1), 2)
+    params = jax.vmap(TASK.model.init)(keys)  # Two models: a sweep's leading axis.
+    population = jax.device_put(POPULATION, NamedSharding(mesh, PartitionSpec()))
+
+    def metrics(params, mesh):
+        return per_client_metrics(TASK, params, population, chunk_rows=chunk_rows, mesh=mesh)
+
+    split = jax.jit(jax.vmap(lambda p: metrics(p, mesh)))(params)
+    for g in range(2):
+        one = jax.tree.map(lambda x, g=g: x[g], params)
+        alone = jax.jit(lambda p: metrics(p, None))(one)
+        for got, want in zip(split, alone):
+            np.testing.assert_allclose(got[g], want, rtol=1e-6, atol=1e-7)
+        for i in range(POPULATION.num_clients):
+            data = POPULATION.client(i)
+            loss, error = client_loss_reference(
+                np.asarray(one["dense"]["kernel"], np.float64),
+                np.asarray(one["dense"]["bias"], np.float64), data["x"], data["y"],
+            )
+            np.testing.assert_allclose(split.loss[g, i], loss, rtol=1e-5)
+            np.testing.assert_allclose(split.error[g, i], error, atol=1e-6)
+            assert split.targets[g, i] == POPULATION.counts[i]
+
+
 def _superquantile_reference(values, theta, weights):
     # Mean of the worst theta mass, boundary client counted fractionally.
     order = np.argsort(-values, kind="stable")

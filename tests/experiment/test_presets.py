@@ -32,7 +32,7 @@ from jaxfl.algorithms import fedavg
 from jaxfl.cli import build_parser, main, resolve_config
 from jaxfl.data.population import pack_clients
 from jaxfl.evaluation import per_client_metrics
-from jaxfl.experiment.config import TASK_PRESETS, RunConfig, make_config
+from jaxfl.experiment.config import TASK_PRESETS, ConfigError, RunConfig, check_value, make_config
 from jaxfl.experiment.presets import PRESETS, preset_settings
 from jaxfl.models.sequence import build_char_lstm
 from jaxfl.training import ClientStrategy, LocalTraining, Task
@@ -259,6 +259,21 @@ def test_flags_override_the_preset_and_keep_the_rest():
     # A setting the preset leaves unset takes RunConfig's default, not the dataset's quick-run
     # default (a preset is a whole protocol).
     assert config["eval_every"] == RunConfig().eval_every != make_config({"dataset": "emnist"}).eval_every
+
+
+def test_eval_clients_all_undoes_a_presets_sample(tmp_path):
+    # shakespeare-deltafl evaluates a fixed sample of test roles by default; `all` (a flag, or a
+    # config file's string: TOML has no null) evaluates every client.
+    assert _cli_config("--task", "shakespeare-deltafl").eval_clients == preset_settings(
+        "shakespeare-deltafl"
+    )["eval_clients"]
+    assert _cli_config("--task", "shakespeare-deltafl", "--eval-clients", "all").eval_clients is None
+    path = tmp_path / "run.toml"
+    path.write_text('task = "shakespeare-deltafl"\neval_clients = "all"\n')
+    assert _cli_config("--config", str(path)).eval_clients is None
+    assert _cli_config("--config", str(path), "--eval-clients", "9").eval_clients == 9
+    with pytest.raises(ConfigError, match=r"^eval_clients must be an integer >= 1 or all, got 'some'$"):
+        check_value("eval_clients", "some")
 
 
 def test_config_file_overrides_the_preset_and_flags_override_the_file(tmp_path):
