@@ -9,6 +9,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 from reference import imported_script
 
 import jaxfl
@@ -43,6 +45,7 @@ def test_every_algorithm_module_s_factory_is_public():
     assert set(factories) <= set(jaxfl.__all__), set(factories) - set(jaxfl.__all__)
 
 
+@pytest.mark.slow
 def test_the_api_reference_builds(tmp_path):
     with imported_script(ROOT / "scripts" / "build_api_reference.py") as script:
         script.build(tmp_path, modules=("jaxfl", "jaxfl.algorithms.stages"))
@@ -53,6 +56,7 @@ def test_the_api_reference_builds(tmp_path):
     assert "per-client state" in stages
 
 
+@pytest.mark.slow
 def test_the_write_your_own_algorithm_page_runs(capsys, monkeypatch):
     # Its Python blocks, in order, in one namespace: the FedNova built there trains, and its
     # registry entry (made in a copy of the registry) declares its setting and builds it.

@@ -23,7 +23,7 @@ from jaxfl.evaluation.per_client import (
     per_client_metrics,
     personal_client_metrics,
 )
-from jaxfl.evaluation.sampling import sampled_population
+from jaxfl.evaluation.sampling import evaluation_sample, sampled_population
 from jaxfl.evaluation.summaries import loss_and_error_summaries
 from jaxfl.training.client_state import HostPersonalModels
 from jaxfl.training.local import Task
@@ -267,6 +267,27 @@ def make_evaluator(
         return summaries, ordered
 
     return run
+
+
+def evaluation_clients(run_setup) -> dict[str, np.ndarray]:
+    """Population name -> the clients sampled for evaluation (`--eval-clients`), for the populations sampled.
+
+    `run_setup`: a `jaxfl.experiment.run_setup.Setup`. The training clients'
+    sample is there without `--eval-train` too: it picks the personal models
+    that go with the test clients under personal splits (`make_evaluator`).
+    """
+    config = run_setup.config
+    if config.eval_clients is None:
+        return {}
+    return evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
+
+
+def evaluated_sample(run_setup) -> dict[str, np.ndarray]:
+    """`evaluation_clients` of the populations evaluated."""
+    sample = evaluation_clients(run_setup)
+    if not run_setup.config.eval_train:
+        sample.pop("train", None)
+    return sample
 
 
 def _sampled_personal_models(personal, client_ids: np.ndarray, batched: bool):

@@ -1,17 +1,20 @@
 """One algorithm's run: build it (`run_setup`), train it (`training_loop`), evaluate it (`evaluator`).
 
-`run_algorithm` ties the pieces together; the names of those modules are also
-imported from here, where callers have long found them.
+`train_points` ties the pieces together for a single run (`run_algorithm`, one
+point) and a sweep (`jaxfl.experiment.sweep.run_sweep`, points batched); the
+names of those modules are also imported from here, where callers have long
+found them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxfl.algorithms.base import (
@@ -23,12 +26,23 @@ from jaxfl.algorithms.registry import (
     PRIVATE_ALGORITHMS,
     algorithm_spec,
 )
-from jaxfl.evaluation.sampling import evaluation_sample
 from jaxfl.experiment.checkpoints import RunCheckpoints
 
 # The run's pieces, by concern; their names are also imported from here.
-from jaxfl.experiment.evaluator import make_evaluator, personal_evaluation_group  # noqa: F401
-from jaxfl.experiment.health import AFTER_TRAINING, finite_points, host_health, initial_health, monitored
+from jaxfl.experiment.evaluator import (  # noqa: F401
+    evaluated_sample,
+    evaluation_clients,
+    make_evaluator,
+    personal_evaluation_group,
+)
+from jaxfl.experiment.health import (
+    AFTER_TRAINING,
+    divergence,
+    finite_points,
+    host_health,
+    initial_health,
+    monitored,
+)
 
 # The settings of a built algorithm; also imported from here.
 from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options, local_hparams  # noqa: F401
@@ -38,6 +52,15 @@ from jaxfl.experiment.personalization import (  # noqa: F401
     personal_models,
     personalized_models,
     saved_personal_models,
+)
+from jaxfl.experiment.points import (
+    SHARED_COLUMNS,
+    SweepPoint,
+    batched_evaluator,
+    batched_round,
+    check_client_state,
+    initial_state,
+    stack,
 )
 from jaxfl.experiment.robustness import attack_record
 from jaxfl.experiment.run_setup import (  # noqa: F401
@@ -116,11 +139,8 @@ def privacy_spent(run_setup: Setup, name: str, hparams: dict[str, float], rounds
 
 
 def initial_carry(run_setup: Setup, name: str) -> tuple[Any, Any]:
-    """The (state, health) carry a run of `name` starts from, placed, and its run key."""
-    config = run_setup.config
-    init_key, run_key = jax.random.split(jax.random.key(config.seed))
-    params = run_setup.engine.task.model.init(init_key)
-    state = run_setup.algorithms[name].init(params, run_setup.hparams[name])
+    """The (state, health) carry a single run of `name` starts from, placed, and its run key."""
+    state, run_key = initial_state(run_setup, name, SweepPoint({}, run_setup.config.seed))
     return place_carry(run_setup, (state, initial_health())), run_key
 
 
@@ -145,31 +165,10 @@ def place_carry(run_setup: Setup, carry: Any) -> Any:
     return place_state(state, strategy), strategy.replicate(jax.device_put(health))
 
 
-def evaluation_clients(run_setup: Setup) -> dict[str, np.ndarray]:
-    """Population name -> the clients sampled for evaluation (`--eval-clients`), for the populations sampled.
-
-    The training clients' sample is there without `--eval-train` too: it
-    picks the personal models that go with the test clients under personal
-    splits (`make_evaluator`).
-    """
-    config = run_setup.config
-    if config.eval_clients is None:
-        return {}
-    return evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
-
-
-def _evaluated_sample(run_setup: Setup) -> dict[str, np.ndarray]:
-    """`evaluation_clients` of the populations evaluated."""
-    sample = evaluation_clients(run_setup)
-    if not run_setup.config.eval_train:
-        sample.pop("train", None)
-    return sample
-
-
 def evaluation_line(run_setup: Setup) -> str | None:
     """What `--eval-clients` and the training clients' evaluation (`--eval-train`, off by default) leave
     out, for the run's header; None: nothing."""
-    sample = _evaluated_sample(run_setup)
+    sample = evaluated_sample(run_setup)
     parts = []
     if sample:
         populations = run_setup.dataset.populations
@@ -228,7 +227,7 @@ def run_summary(
     attack = attack_record(config, run_setup.corrupted)
     if attack is not None:
         summary["attack"] = attack
-    sample = _evaluated_sample(run_setup)
+    sample = evaluated_sample(run_setup)
     if sample:
         summary["evaluated_clients"] = {
             name: {"evaluated": int(ids.size), "of": run_setup.dataset.populations[name].num_clients}
@@ -295,10 +294,11 @@ def _final_summary(run_setup: Setup, name: str, summaries, health, diverged, sta
     return summary
 
 
-def _compiled_rounds(run_setup: Setup, name: str, carry, run_key, start_round: int):
-    """What a single run's loop calls: (host client state or None, rounds per call, training input, rounds).
+def _compiled_rounds(run_setup: Setup, name: str, carry, run_keys, start_round: int, batched: bool):
+    """What the loop calls: (host client state or None, rounds per call, training input, rounds).
 
-    Host-resident client state moves each round's rows, so it takes one round per call.
+    Host-resident client state moves each round's rows, so it takes one round
+    per call (a single run's only: `check_client_state` refuses it in a sweep).
     """
     config, engine = run_setup.config, run_setup.engine
     strategy = engine.strategy
@@ -307,17 +307,237 @@ def _compiled_rounds(run_setup: Setup, name: str, carry, run_key, start_round: i
         # Device arrays either way (`replicate` passes NumPy through off a mesh).
         place = strategy.replicate if strategy.mesh is not None else jax.device_put
         client_state = HostClientState(
-            run_key, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
+            run_keys, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
     num_rounds_per_call = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
     num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
-    train = training_input(run_setup, run_key, num_rounds_per_call, first_round=start_round)
-    round_fn = compile_rounds(
-        monitored(run_setup.algorithms[name].round, released_only=name in PRIVATE_ALGORITHMS),
-        num_rounds_per_call,
-        cohort_per_round=isinstance(train, CohortStream),
-    )
+    train = training_input(run_setup, run_keys, num_rounds_per_call, first_round=start_round)
+    cohort_per_round = isinstance(train, CohortStream)
+    released_only = name in PRIVATE_ALGORITHMS
+    round_fn = run_setup.algorithms[name].round
+    if batched:
+        round_fn = batched_round(round_fn, num_rounds_per_call, cohort_per_round, released_only=released_only)
+    else:
+        round_fn = compile_rounds(
+            monitored(round_fn, released_only=released_only), num_rounds_per_call,
+            cohort_per_round=cohort_per_round,
+        )
     return client_state, num_rounds_per_call, train, round_fn
+
+
+def _point(tree: Any, g: int, batched: bool) -> Any:
+    """Point `g`'s part of a tree whose leaves carry a leading point axis where `batched`."""
+    return jax.tree.map(lambda x: x[g], tree) if batched else tree
+
+
+def train_points(
+    run_setup: Setup,
+    name: str,
+    points: Sequence[SweepPoint],
+    *,
+    batched: bool,
+    on_evaluation: Callable[[int, dict[str, Any]], None] | None = None,
+    progress: Any = None,
+    checkpoints: RunCheckpoints | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
+    resume: bool = False,
+    on_restore: Callable[[int], None] | None = None,
+) -> list[RunResult]:
+    """Trains `points` of `name` for `config.rounds` rounds: the one path of a single run and of a sweep.
+
+    A single run (`batched=False`) is one point whose state is the round's;
+    a sweep (`batched=True`) stacks its points' states along a leading axis
+    and runs the round `vmap`ped over them (`jaxfl.experiment.points`). The
+    rest is shared, so the two cannot drift apart. What differs is what a
+    batch of points cannot do or record the same way: a single run may keep
+    per-client rows in host memory, stops at divergence (`RunDiverged`), and
+    its records and checkpoints carry no point fields; a sweep's diverged
+    point is marked and goes on with the others (they share the compiled
+    round). The arguments are `run_sweep`'s.
+    """
+    if not points:
+        raise ValueError("a sweep needs at least one point")
+    if not batched and len(points) != 1:
+        raise ValueError(f"a single run is one point, got {len(points)}")
+    config, engine = run_setup.config, run_setup.engine
+    strategy = engine.strategy
+    algorithm = run_setup.algorithms[name]
+    if batched:
+        check_client_state(run_setup, name)
+    carry, keys, start_round, histories = _starting_points(
+        run_setup, name, points, batched, checkpoints if resume else None
+    )
+    if on_restore is not None:
+        on_restore(start_round)
+    client_state, num_rounds_per_call, train, round_fn = _compiled_rounds(
+        run_setup, name, carry, keys, start_round, batched
+    )
+    if batched:
+        evaluate = batched_evaluator(run_setup)
+    else:
+        evaluate = make_evaluator(
+            engine.task, run_setup.dataset, engine.client_weighting, corrupted=run_setup.corrupted,
+            personal_group=personal_evaluation_group(strategy), sample=evaluation_clients(run_setup),
+            train=config.eval_train, mesh=strategy.mesh,
+        )
+    if progress is not None and start_round:
+        progress.update(start_round)
+
+    summaries: list[dict[str, Any]] = [{} for _ in points]
+    clients: list[dict[str, Any]] = [{} for _ in points]
+
+    def evaluate_points(params, personal):
+        point_summaries, point_clients = evaluate(params, personal)
+        if not batched:
+            summaries[0], clients[0] = point_summaries, point_clients
+            return
+        summaries[:], clients[:] = _split_points(point_summaries, point_clients, len(points))
+
+    def on_evaluate(round_index, states, metrics, health):
+        if progress is not None and not batched:
+            progress.set_postfix_str("evaluating")  # It can take longer than the rounds between.
+        if batched:
+            evaluate_points(states.params, jax.vmap(algorithm.personal_models)(states))
+        else:
+            evaluate_points(states.params, personal_models(algorithm, states))
+        round_metrics = jax.device_get(metrics)
+        uploads, clocks = jax.device_get((health.client_uploads, states.clock))  # One transfer.
+        for g, point in enumerate(points):
+            record: dict[str, Any] = {"algorithm": name}
+            if batched:
+                record.update(point=g, hparams=dict(point.hparams), seed=point.seed)
+            record.update(
+                round=round_index,
+                **traffic_fields(run_setup, name, round_index, _point(uploads, g, batched)),
+                **clock_fields(_point(clocks, g, batched)),
+                round_metrics={k: float(_point(v, g, batched)) for k, v in round_metrics.items()},
+                **summaries[g],
+            )
+            histories[g].append(record)
+            if on_evaluation is not None:
+                on_evaluation(g, record)
+        if progress is not None and not batched:
+            progress.set_postfix_str(f"test error {100 * summaries[0]['test_error']['mean']:.1f}%")
+
+    def checkpoint_meta(round_index):
+        if batched:
+            return {"algorithm": name, "histories": histories, "config": config.to_dict(),
+                    "points": [point.label() for point in points]}
+        hparams = {k: float(v) for k, v in jax.device_get(run_setup.hparams[name]).items()}
+        return {
+            "algorithm": name,
+            "history": histories[0],
+            "config": config.to_dict(),
+            "privacy_spent": privacy_spent(run_setup, name, hparams, round_index),
+        }
+
+    checkpointing = (
+        Checkpointing.from_config(checkpoints, config, checkpoint_meta, on_checkpoint)
+        if checkpoints is not None else None
+    )
+    diverged = None
+    finite_after_training = np.ones(len(points), bool)
+    try:
+        carry, timing = training_loop(
+            round_fn, carry, train, keys, config, strategy, on_evaluate, progress, num_rounds_per_call,
+            start_round=start_round, checkpointing=checkpointing, stop_on_divergence=not batched,
+            client_state=client_state,
+        )
+        states, health = carry[0], host_health(carry[1])
+        started = time.perf_counter()
+        # Made after training (Per-FedAvg's adaptation, or --finetune-epochs), each point as its single run.
+        personal = after_training_models(run_setup, algorithm, states, keys, batched=batched)
+        if personal is not None:
+            finite_after_training = finite_points(personal, len(points))
+            if not batched and not finite_after_training[0]:
+                raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
+            evaluate_points(states.params, personal)
+            spent = time.perf_counter() - started
+            timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)
+    except RunDiverged as error:  # A single run's only (`stop_on_divergence`).
+        # The carry was donated to the rounds after the last good one: only the host copy is left.
+        states, health = None, error.health
+        diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
+        diverged["last_checkpoint_round"] = checkpoints.latest_round() if checkpoints is not None else None
+        timing = LoopTiming(0.0, 0.0, 0.0, 0)
+    timing_record = timing_fields(timing, num_rounds_per_call, start_round)
+    if not batched:
+        summary = _final_summary(run_setup, name, summaries[0], health, diverged, states, histories[0])
+        return [RunResult(name, states, histories[0], summary, clients[0], timing_record)]
+    # Throughput of the whole sweep, in rounds of all points per second.
+    timing_record["sweep_rounds_per_s"] = timing_record.pop("rounds_per_s")
+    return [
+        RunResult(
+            name, _point(states, g, batched), histories[g],
+            _point_summary(run_setup, name, points, g, summaries[g], health, _point(states, g, batched),
+                           finite_after_training[g]),
+            clients[g], timing_record,
+        )
+        for g in range(len(points))
+    ]
+
+
+def _split_points(summaries: dict[str, Any], clients: dict[str, Any], num_points: int):
+    """A batched evaluation's (summaries, per-client metrics), one of each per point (host values)."""
+    return (
+        [
+            {group: {k: float(v[g]) for k, v in stats.items()} for group, stats in summaries.items()}
+            for g in range(num_points)
+        ],
+        [
+            {
+                population: {k: np.asarray(v if k in SHARED_COLUMNS else v[g]) for k, v in values.items()}
+                for population, values in clients.items()
+            }
+            for g in range(num_points)
+        ],
+    )
+
+
+def _starting_points(
+    run_setup: Setup, name: str, points: Sequence[SweepPoint], batched: bool,
+    checkpoints: RunCheckpoints | None,
+) -> tuple[Any, Any, int, list[list[dict[str, Any]]]]:
+    """(carry, run keys, first round, evaluation histories) that `train_points` starts from.
+
+    The points' initial states (stacked where `batched`), or the latest
+    checkpoint's carry and histories in `checkpoints` when there is one.
+    """
+    starts = [initial_state(run_setup, name, point) for point in points]
+    if batched:
+        carry = stack([(state, initial_health()) for state, _ in starts])
+        keys = jnp.stack([key for _, key in starts])
+    else:
+        (state, keys), = starts
+        carry = (state, initial_health())
+    # Placed as the round's outputs will be (replicated over a mesh under the sharded strategy), or the
+    # second call would see new shardings and compile again.
+    carry = place_carry(run_setup, carry)
+    start_round, carry, meta = restore_carry(run_setup, carry, checkpoints)
+    if meta is None:
+        histories: list[list[dict[str, Any]]] = [[] for _ in points]
+    else:
+        histories = [list(h) for h in meta["histories"]] if batched else [list(meta["history"])]
+    return carry, keys, start_round, histories
+
+
+def _point_summary(
+    run_setup: Setup, name: str, points: Sequence[SweepPoint], g: int, summaries, health, state,
+    finite_after_training: bool,
+) -> dict[str, Any]:
+    """Sweep point `g`'s summary.json: `run_summary`, with its setting, and its diverged round if any."""
+    config = run_setup.config
+    diverged = divergence(health, g) or (
+        None if finite_after_training else {"round": config.rounds, "quantity": AFTER_TRAINING}
+    )
+    summary = run_summary(
+        run_setup, name, summaries, int(health["rounds_without_weight"][g]), diverged, state.hparams,
+        int(health["client_uploads"][g]),
+    )
+    point = points[g]
+    summary.update(hparams=dict(point.hparams), seed=point.seed, sweep_points=len(points))
+    summary.update(clock_fields(state.clock))
+    return summary
 
 
 def run_algorithm(
@@ -331,7 +551,7 @@ def run_algorithm(
     resume: bool = False,
     on_restore: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Trains one algorithm for `config.rounds` rounds.
+    """Trains one algorithm for `config.rounds` rounds: `train_points` of the run's one point.
 
     Args:
       run_setup: from `setup`.
@@ -355,86 +575,10 @@ def run_algorithm(
     Raises:
       RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint.
     """
-    config = run_setup.config
-    engine = run_setup.engine
-    algorithm = run_setup.algorithms[name]
-    strategy = engine.strategy
-    carry, run_key = initial_carry(run_setup, name)
-    start_round, carry, meta = restore_carry(run_setup, carry, checkpoints if resume else None)
-    if on_restore is not None:
-        on_restore(start_round)
-    history: list[dict[str, Any]] = list(meta["history"]) if meta else []
-    client_state, num_rounds_per_call, train, round_fn = _compiled_rounds(
-        run_setup, name, carry, run_key, start_round
+    (result,) = train_points(
+        run_setup, name, [SweepPoint({}, run_setup.config.seed)], batched=False,
+        on_evaluation=None if on_evaluation is None else lambda _, record: on_evaluation(record),
+        progress=progress, checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
+        on_restore=on_restore,
     )
-    evaluate = make_evaluator(
-        engine.task,
-        run_setup.dataset,
-        engine.client_weighting,
-        corrupted=run_setup.corrupted,
-        personal_group=personal_evaluation_group(strategy),
-        sample=evaluation_clients(run_setup),
-        train=config.eval_train,
-        mesh=strategy.mesh,
-    )
-    latest: dict[str, Any] = {"summaries": {}, "clients": {}}
-    if progress is not None and start_round:
-        progress.update(start_round)
-
-    def on_evaluate(round_index, state, metrics, health):
-        if progress is not None:
-            progress.set_postfix_str("evaluating")  # It can take longer than the rounds between.
-        summaries, clients = evaluate(state.params, personal_models(algorithm, state))
-        latest.update(summaries=summaries, clients=clients)
-        record = {
-            "algorithm": name,
-            "round": round_index,
-            **traffic_fields(run_setup, name, round_index, health.client_uploads),
-            **clock_fields(state.clock),
-            "round_metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
-            **summaries,
-        }
-        history.append(record)
-        if on_evaluation is not None:
-            on_evaluation(record)
-        if progress is not None:
-            progress.set_postfix_str(f"test error {100 * summaries['test_error']['mean']:.1f}%")
-
-    def checkpoint_meta(round_index):
-        hparams = {k: float(v) for k, v in jax.device_get(run_setup.hparams[name]).items()}
-        return {
-            "algorithm": name,
-            "history": history,
-            "config": config.to_dict(),
-            "privacy_spent": privacy_spent(run_setup, name, hparams, round_index),
-        }
-
-    checkpointing = (
-        Checkpointing.from_config(checkpoints, config, checkpoint_meta, on_checkpoint)
-        if checkpoints is not None else None
-    )
-    diverged = None
-    try:
-        carry, timing = training_loop(
-            round_fn, carry, train, run_key, config, strategy, on_evaluate, progress, num_rounds_per_call,
-            start_round=start_round, checkpointing=checkpointing, client_state=client_state,
-        )
-        state, health = carry[0], host_health(carry[1])
-        started = time.perf_counter()
-        personal = after_training_models(run_setup, algorithm, state, run_key)
-        if personal is not None:
-            if not finite_points(personal)[0]:
-                raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
-            summaries, clients = evaluate(state.params, personal)
-            latest.update(summaries=summaries, clients=clients)
-            spent = time.perf_counter() - started
-            timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)
-    except RunDiverged as error:
-        # The carry was donated to the rounds after the last good one: only the host copy is left.
-        state, health = None, error.health
-        diverged = {"round": error.round, "quantity": error.quantity, "detected_at_round": error.detected_at}
-        diverged["last_checkpoint_round"] = checkpoints.latest_round() if checkpoints is not None else None
-        timing = LoopTiming(0.0, 0.0, 0.0, 0)
-    summary = _final_summary(run_setup, name, latest["summaries"], health, diverged, state, history)
-    timing_record = timing_fields(timing, num_rounds_per_call, start_round)
-    return RunResult(name, state, history, summary, latest["clients"], timing_record)
+    return result

@@ -146,6 +146,7 @@ def test_apfl_global_model_is_fedavgs_bit_for_bit():
         np.testing.assert_array_equal(left, right)
 
 
+@pytest.mark.slow
 def test_sharded_layout_matches_vmap():
     vmapped, sharded = build(), build(strategy="sharded")
     start = {"lr": LR, "apfl_alpha": 0.5}

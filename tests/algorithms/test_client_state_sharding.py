@@ -61,6 +61,7 @@ def test_client_state_is_split_where_told_or_where_memory_is_short():
 
 
 @pytest.mark.parametrize("name", slow_after(["ditto", "l2sgd", "apfl"]))
+@pytest.mark.slow
 def test_split_personal_models_equal_the_vmapped_ones(name):
     hparams = {"lr": 0.1, "lam": 0.5} if name != "apfl" else {"lr": 0.1, "apfl_alpha": 0.5}
     expected_algorithm, split_algorithm = build(name, VMAP), build(name, SPLIT)

@@ -130,6 +130,7 @@ def test_ditto_on_deltafl_keeps_its_hparams_and_trains_personal_models():
         assert moved == (i in sampled)
 
 
+@pytest.mark.slow
 def test_sharded_layout_matches_vmap():
     vmapped, sharded = build(), build(strategy="sharded")
     start = {"lr": LR, "lam": 0.5}

@@ -113,6 +113,7 @@ def test_dynamic_lambda_matches_numpy_loop():
     assert len(set(chosen)) >= 2 and fell_back
 
 
+@pytest.mark.slow
 def test_sharded_layout_matches_vmap():
     vmapped, sharded = build(), build(strategy="sharded")
     start = {"lr": LR, "lam": FALLBACK}
@@ -124,6 +125,7 @@ def test_sharded_layout_matches_vmap():
         np.testing.assert_allclose(left, right, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_validation_given_with_the_population_is_an_argument_of_the_round():
     layout = ClientStrategy("vmap")
 

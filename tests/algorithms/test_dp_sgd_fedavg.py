@@ -112,6 +112,7 @@ TINY = [*TINY_LABEL_SHIFT, "--rounds", "3", "--clients-per-round", "5", "--eval-
         "--strategy", "vmap", "--local-epochs", "2"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_cli_reports_example_level_privacy_recomputed_by_hand(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["run", *TINY, "--algorithm", "dp-sgd-fedavg", "--epsilon", "6", "--example-clip-norm", "0.5",

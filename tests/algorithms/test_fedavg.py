@@ -129,7 +129,7 @@ REFERENCE_SERVER_TX = {
 }
 
 
-@pytest.mark.parametrize("name", slow_after(sorted(REFERENCE_SERVER_TX), keep=2))
+@pytest.mark.parametrize("name", slow_after(sorted(REFERENCE_SERVER_TX), keep=1))
 def test_server_optimizers_apply_optax_to_the_pseudo_gradient(name):
     # FedAvgM/FedAdagrad/FedAdam/FedYogi (Reddi et al. 2021): the server step
     # is optax's on -mean(delta), two rounds so that the optimizer state counts.

@@ -320,6 +320,7 @@ def test_omniscient_without_benign_participants_sends_the_negated_attackers_mean
 VMAP_ATTACKS = ("alie", "omniscient", "gaussian", "random-updates", "ipm")
 
 
+@pytest.mark.slow
 def test_attacks_vmap_over_a_sweep_axis():
     g = 3
     rng = np.random.default_rng(11)

@@ -19,6 +19,9 @@ from jaxfl.models.sequence import build_recurrent_lm
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "loop_baseline.py"
 SIZES = [3, 17, 8, 25, 1, 12, 6]
 

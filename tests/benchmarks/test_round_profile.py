@@ -19,6 +19,9 @@ from jaxfl.models.networks import make_model
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "round_profile.py"
 
 HLO = """\

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from reference import imported_script
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "rounds_per_second.py"
 
 

@@ -131,7 +131,7 @@ SHARDED = ClientStrategy("sharded", inner="sequential")
             ("afl", VMAP),
             ("ditto-dynamic", VMAP),
         ],
-        keep=2,
+        keep=1,
     ),
     ids=lambda v: v if isinstance(v, str) else v.kind,
 )

@@ -160,10 +160,10 @@ def test_without_training_clients_the_personal_models_still_follow_the_training_
     # personal models; the run reports only the populations it evaluated.
     from types import SimpleNamespace
 
-    from jaxfl.experiment.runner import _evaluated_sample, evaluation_clients
+    from jaxfl.experiment.runner import evaluated_sample, evaluation_clients
 
     config = SimpleNamespace(eval_clients=4, eval_train=False, seed=3)
     run = SimpleNamespace(config=config, dataset=_dataset(True))
     sample = evaluation_clients(run)
     np.testing.assert_array_equal(sample["train"], sample["test"])
-    assert _evaluated_sample(run).keys() == {"test"}
+    assert evaluated_sample(run).keys() == {"test"}

@@ -201,6 +201,7 @@ def test_dp_fedadam_warns_of_a_server_learning_rate_made_for_sgd():
     assert warnings(algorithm="dp-fedavg") == []
 
 
+@pytest.mark.slow
 def test_dp_fedadam_steps_with_adam_and_the_runs_server_settings():
     import jax
     import optax

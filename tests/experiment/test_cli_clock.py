@@ -17,6 +17,7 @@ def _trace(path, windows):
     return str(path)
 
 
+@pytest.mark.slow
 def test_simulated_time_adds_up_the_rounds_durations(tmp_path, capsys):
     # Client k online for 1000 s from 10 k (period 2000 s); devices twice as slow for odd clients.
     trace = _trace(tmp_path / "trace.csv", [(k, 10 * k, 10 * k + 1000) for k in range(40)])

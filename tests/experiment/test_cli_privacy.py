@@ -59,6 +59,7 @@ def _independent_epsilon(noise_multiplier, rounds, delta):
     return accountant.compose(event).get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_summary_has_the_privacy_object(dp_run):
     for name in ("dp-fedavg", "dp-deltafl"):
         privacy = json.loads((dp_run / name / "summary.json").read_text())["privacy"]
@@ -94,6 +95,7 @@ def test_summary_has_the_privacy_object(dp_run):
     assert config["epsilon"] == 8.0 and config["delta"] is None
 
 
+@pytest.mark.slow
 def test_the_preconditioned_and_adaptive_variants_calibrate_dp_fedavgs_noise(dp_run):
     # Their preconditioners read public side information or released updates only, so each releases
     # what DP-FedAvg releases: at the same --epsilon the same noise multiplier, and the same epsilon,
@@ -107,6 +109,7 @@ def test_the_preconditioned_and_adaptive_variants_calibrate_dp_fedavgs_noise(dp_
         assert privacy["sensitivity"] == pytest.approx(1.4)
 
 
+@pytest.mark.slow
 def test_a_given_noise_multiplier_is_used_and_its_epsilon_reported(tmp_path, capsys):
     out = tmp_path / "given"
     status = main(
@@ -135,6 +138,7 @@ def _server_epsilon(noise_multiplier, rounds, delta):
     return accountant.compose(event).get_epsilon(delta)
 
 
+@pytest.mark.slow
 def test_both_trust_models_are_reported_and_the_target_names_one(dp_run, tmp_path, capsys):
     observer = json.loads((dp_run / "dp-fedavg" / "summary.json").read_text())["privacy"]
     assert observer["trust_model"] == "observer" and set(observer["trust_models"]) == {"observer", "server"}
@@ -241,6 +245,7 @@ def test_a_private_sweep_keeps_each_points_privacy(tmp_path):
         assert row["privacy_trust_model"] == "observer"
 
 
+@pytest.mark.slow
 def test_dp_deltafl_divides_by_a_public_count_unless_told_otherwise(dp_run, tmp_path, capsys):
     privacy = json.loads((dp_run / "dp-deltafl" / "summary.json").read_text())["privacy"]
     quantile = privacy["quantile"]

@@ -160,6 +160,7 @@ def _no_constants(name):
     raise AssertionError(f"bare {name} in JSON")
 
 
+@pytest.mark.slow
 def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, capsys, monkeypatch):
     # Parameters made non-finite from round 5 on: detected at the evaluation of
     # round 6, after the checkpoint of round 4.
@@ -185,6 +186,7 @@ def test_divergence_keeps_the_last_finite_checkpoint(tmp_path, capsys, monkeypat
     assert summary["evaluated_round"] == 4
 
 
+@pytest.mark.slow
 def test_a_sweep_marks_its_diverged_points_and_finishes_the_others(tmp_path, capsys):
     out = tmp_path / "sweep"
     status = main(["sweep", *TINY, "--grid", "lr=0.05,1e30", "--out", str(out)])

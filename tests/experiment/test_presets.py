@@ -395,6 +395,7 @@ def _token_population():
     return pack_clients(clients)
 
 
+@pytest.mark.slow
 def test_char_lstm_round_is_traced_once_and_equals_a_loop_over_clients():
     population = _token_population()
     assert int(np.sum(np.asarray(population.features["y"]) == 0)) > 0  # Padding is masked out.

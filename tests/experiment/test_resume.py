@@ -94,6 +94,7 @@ def uninterrupted_sharded(tmp_path_factory):
 
 # The vmap layout is stopped by SIGINT in test_resume_from_the_state_kill_9_leaves (the state
 # it leaves, then cut as kill -9 would): a second vmap stop here added 5 s and nothing else.
+@pytest.mark.slow
 def test_resume_after_sigint_at_random_rounds_is_bitwise_identical_sharded(
     uninterrupted_sharded, tmp_path, monkeypatch, capsys
 ):
@@ -124,6 +125,7 @@ def _assert_stopped_by_sigint(out, capsys):
 
 
 @pytest.mark.parametrize("latest", slow_after(["missing", "damaged"]))
+@pytest.mark.slow
 def test_resume_from_the_state_kill_9_leaves(latest, uninterrupted_vmap, tmp_path, monkeypatch, capsys):
     # A SIGINT stop of the vmap layout, checked as such; then its state cut as kill -9 between
     # checkpoints leaves it: the latest checkpoint never written (or damaged on disk: the one before

@@ -30,6 +30,7 @@ def finished(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_saved_params_are_the_trained_ones_bit_for_bit(finished):
     result = run_algorithm(setup(make_config({**SETTINGS, "algorithm": "deltafl"})), "deltafl")
     saved = load_model(finished, "deltafl")

@@ -8,7 +8,7 @@ import pytest
 
 from jaxfl.cli import main
 from jaxfl.experiment.config import make_config
-from jaxfl.experiment.runner import run_algorithm, setup
+from jaxfl.experiment.runner import run_algorithm, setup, train_points
 from jaxfl.experiment.sweep import SweepPoint, run_sweep
 
 TINY = dict(
@@ -29,6 +29,7 @@ TINY_FLAGS = [
 # as FedAvg's would: FedAvg's own case (15 s of the suite) added nothing (Ditto's sweep,
 # over FedAvg, is checked against its single run in test_cli_robustness.py).
 @pytest.mark.parametrize("algorithm", ["deltafl"])
+@pytest.mark.slow
 def test_sweep_points_equal_single_runs(algorithm):
     # Fine-tuned after training (`--finetune-epochs`), each point as its single run is: evaluated on
     # their clients' training data (the dataset holds no test data of theirs), asked for.
@@ -98,3 +99,14 @@ def test_sweep_errors(grid, words, tmp_path, capsys):
 def test_sweep_needs_one_algorithm(capsys):
     status = main(["sweep", *TINY_FLAGS, "--algorithm", "fedavg,deltafl", "--grid", "lr=0.1"])
     assert status == 2 and "one algorithm" in capsys.readouterr().err
+
+
+def test_a_single_run_is_one_unbatched_point():
+    # `run_algorithm` and `run_sweep` are `train_points`, unbatched and batched: a single run of
+    # two points, or a sweep of none, is refused before anything is built.
+    run_setup = setup(make_config({**TINY, "algorithm": "fedavg"}))
+    points = [SweepPoint({}, seed=0), SweepPoint({}, seed=1)]
+    with pytest.raises(ValueError, match="a single run is one point, got 2"):
+        train_points(run_setup, "fedavg", points, batched=False)
+    with pytest.raises(ValueError, match="a sweep needs at least one point"):
+        run_sweep(run_setup, "fedavg", [])

@@ -45,6 +45,7 @@ def _assert_same_run(a, b):
     np.testing.assert_allclose(a.clients["test"]["error"], b.clients["test"]["error"])
 
 
+@pytest.mark.slow
 def test_run_points_results_do_not_depend_on_the_chunks():
     run_setup = setup(make_config({**TINY, "algorithm": "deltafl"}))
     a = SweepPoint({"theta": 0.5, "l2": 1e-3}, seed=0)
@@ -58,6 +59,7 @@ def test_run_points_results_do_not_depend_on_the_chunks():
     assert first[1].summary["hparams"] == {"theta": 0.2}
 
 
+@pytest.mark.slow
 def test_rebuild_setup_on_held_out_clients_with_a_while_loop():
     config = make_config({
         "algorithm": "fedavg,afl", "dataset": "synthetic",

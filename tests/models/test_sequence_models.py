@@ -478,6 +478,7 @@ def test_gru_recurrence_vjp_equals_autodiff_of_the_scan(masked):
     chex.assert_trees_all_close(jax.jit(custom_vjp)(cotangents), plain_vjp(cotangents), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_char_gru_gradients_equal_those_of_the_unfolded_network():
     # The model gathers rows of one [V, 3H] table (embedding times the input kernel); its gradients
     # must be those of embedding lookup, then x W + b, then the recurrence, differentiated as written.

@@ -304,6 +304,7 @@ def test_random_crop_takes_each_example_window_at_its_offsets():
     np.testing.assert_allclose(standardized.std(axis=(1, 2, 3)), 1.0, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_resnet_crops_in_training_and_evaluation(small_resnet):
     model, apply, uncropped, params = small_resnet
     x = images(8, (2, 32, 32, 3))
@@ -336,7 +337,7 @@ GRADIENT_MODELS = {  # The shapes of the other tests, whose eager initialization
 
 
 @pytest.mark.parametrize(
-    "name", slow_after([*sorted(GRADIENT_MODELS), "resnet18-gn"], keep=len(GRADIENT_MODELS))
+    "name", slow_after([*sorted(GRADIENT_MODELS), "resnet18-gn"], keep=1)
 )
 def test_gradients_are_finite_nonzero_and_descend(name, small_resnet):
     if name == "resnet18-gn":
@@ -360,7 +361,7 @@ def model_input_shape(model, name):
     return (32, 32, 3) if name == "resnet18-gn" else (784,)
 
 
-@pytest.mark.parametrize("name", slow_after(["emnist-cr-cnn", "resnet18-gn"]))
+@pytest.mark.parametrize("name", slow_after(["emnist-cr-cnn", "resnet18-gn"], keep=0))
 def test_vmap_over_clients_matches_each_client(name, small_resnet):
     if name == "resnet18-gn":
         model, apply, _, params = small_resnet

@@ -89,7 +89,7 @@ HW = jax.jit(hierarchical_tilted_weights, static_argnums=2)
 H_GRAD = jax.jit(jax.grad(hierarchical_tilted_risk), static_argnums=2)
 
 
-@pytest.mark.parametrize("theta", slow_after(THETAS, keep=2))
+@pytest.mark.parametrize("theta", slow_after(THETAS, keep=1))
 def test_evar_and_tivar_equal_the_references(theta):
     for a, w in _draws(0):
         np.testing.assert_allclose(

@@ -130,6 +130,7 @@ def test_invalid_arguments_raise(call, message):
 SMALL = Sampling(num_clients=200, clients_per_round=20)
 
 
+@pytest.mark.slow
 def test_calibration_meets_the_target_tightly_and_is_monotone_in_epsilon():
     multipliers = []
     for target in (1.0, 16.0):

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 from reference import imported_script
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "adadps_linear_regression.py"
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from reference import csv_rows, imported_script
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_methods.py"
 
 

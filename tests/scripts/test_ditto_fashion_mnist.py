@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from reference import csv_rows, imported_script
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ditto_fashion_mnist.py"
 
 

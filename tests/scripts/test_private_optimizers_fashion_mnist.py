@@ -9,6 +9,9 @@ import pytest
 from real_data_files import write_mnist
 from reference import imported_script, slow_after
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "private_optimizers_fashion_mnist.py"
 
 

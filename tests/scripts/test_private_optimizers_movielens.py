@@ -12,6 +12,9 @@ from reference import imported_script
 from jaxfl.data.errors import DataFileError, MissingDataError
 from jaxfl.data.formats.movielens import read_movielens_100k
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "private_optimizers_movielens.py"
 
 

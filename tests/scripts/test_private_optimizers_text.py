@@ -12,6 +12,9 @@ from reference import imported_script
 
 from jaxfl.data.formats.aclimdb import read_aclimdb, top_words
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "private_optimizers_text.py"
 PLAY = "# {title}\n\n**{role}**  \n{line}\n\n**OTHER**  \n{other}\n"
 

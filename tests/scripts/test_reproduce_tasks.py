@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "reproduce_tasks.py"
 
 

@@ -11,6 +11,9 @@ from reference import imported_script
 
 from jaxfl.data.formats import read_cifar
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "term_annotators.py"
 
 

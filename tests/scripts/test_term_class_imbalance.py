@@ -12,6 +12,9 @@ from reference import imported_script
 
 from jaxfl.data.formats import read_hiv1_cleavage
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "term_class_imbalance.py"
 
 

@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 from reference import csv_rows, imported_script
 
+# The scripts' and benchmarks' harnesses run in the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "term_robust_regression.py"
 
 

@@ -81,7 +81,8 @@ def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4, population=PO
 
 # APFL once, adaptive: its rows ({'local': v_k, 'alpha': alpha_k}) hold the fixed-alpha APFL's
 # (v_k, rows that are models, as Ditto's are) and more; the fixed-alpha case checked no other path.
-@pytest.mark.parametrize("name", slow_after(["ditto", "ditto-dynamic", "apfl-adaptive", "mapper"]))
+# Host-resident rows against device ones: the end-to-end tier (the host round itself: tests/data/test_host.py).
+@pytest.mark.parametrize("name", slow_after(["ditto", "ditto-dynamic", "apfl-adaptive", "mapper"], keep=0))
 def test_host_rows_give_the_device_models_bit_for_bit(name):
     hparams = HPARAMS.get(name.split("-")[0], {"lr": 0.1})
     on_device = build(name, DEVICE)

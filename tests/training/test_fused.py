@@ -76,7 +76,7 @@ def _assert_trees_close(a, b, rtol=2e-5, atol=2e-6):
         ((9, 20, 7, 4), 3, "softmax", 0.2, 0.0, 0.5),  # MLP, proximal term
         ((9, 1), 17, "logistic", 0.5, 0.1, 0.2),  # binary label, batch padded to 32
         ((9, 24, 1), 4, "logistic", 0.5, 0.0, 0.0),
-    ], keep=3),
+    ], keep=1),
 )
 def test_kernel_matches_reference(widths, batch, loss, lr, l2, mu):
     layout = DenseLayout(widths, batch, loss)
@@ -228,6 +228,7 @@ def test_personal_models_fused_equal_scan():
     np.testing.assert_array_equal(results[0].num_steps, results[1].num_steps)
 
 
+@pytest.mark.slow
 def test_models_that_are_not_fused_fall_back_to_scan():
     fused = LocalTraining(batch_size=4, loop="fused")
     linear = make_model("linear", (9,), 4)
@@ -260,6 +261,7 @@ def test_models_that_are_not_fused_fall_back_to_scan():
             np.testing.assert_array_equal(left, right)
 
 
+@pytest.mark.slow
 def test_fedavg_rounds_fused_equal_scan_and_trace_once():
     # FedAvg only: Δ-FL's loss pass beside the kernel (with_initial_loss) is in the train_cohort test.
     model = make_model("linear", (9,), 4)

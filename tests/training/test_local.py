@@ -51,7 +51,8 @@ _local_sgd = jax.jit(local_sgd, static_argnums=(0, 6))
         (4, 4, 3, 0.1, None, None, 5),  # step cap
     ],
 )
-@pytest.mark.parametrize("loop", ["scan", "while"])
+# The CPU's loop in the default tier; the scan (the GPU's, also checked against the fused kernel) in the slow one.
+@pytest.mark.parametrize("loop", ["while", pytest.param("scan", marks=pytest.mark.slow)])
 def test_local_sgd_matches_numpy_reference(client, batch_size, num_epochs, lr, l2, mu, max_steps, loop):
     params = _start_params()
     key = jax.random.key(client + 10)

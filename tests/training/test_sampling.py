@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from reference import floyd_sample_reference
+from reference import floyd_sample_reference, slow_after
 from scipy import stats
 
 from jaxfl.training import sampling
@@ -26,7 +26,7 @@ def test_distinct_and_in_range(population_size, sample_size):
     "population_size, sample_size",
     # Sizes where collisions chain (M close to N), M = N, a single draw, and
     # both ways of finding repeated draws (pairs up to _PAIRWISE_MAX, a sort above).
-    [(1, 1), (2, 2), (9, 8), (40, 40), (64, 33), (2500, 100), (1500, 1100), (1100, 1100)],
+    slow_after([(1, 1), (2, 2), (9, 8), (64, 33), (40, 40), (2500, 100), (1500, 1100), (1100, 1100)], keep=4),
 )
 def test_same_ids_as_floyds_loop(population_size, sample_size):
     sample = jax.jit(sample_without_replacement, static_argnums=(1, 2))

@@ -202,6 +202,7 @@ def test_inputs_are_z_scored_rows_of_the_devices_draws(ditto, raw):
 
 
 @needs_debian
+@pytest.mark.slow
 def test_conversion_is_deterministic_and_seed_moves_only_the_split(ditto, tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFL_CACHE_DIR", str(tmp_path / "again"))
     again = load_dataset("fashion-mnist", partition="ditto")
