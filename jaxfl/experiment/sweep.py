@@ -28,17 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxfl.experiment.checkpoints import RunCheckpoints
-from jaxfl.experiment.points import (  # noqa: F401
-    SERVER_LR,
-    SHARED_COLUMNS,
-    SweepPoint,
-    batched_evaluator,
-    batched_round,
-    check_client_state,
-    initial_state,
-    set_server_lr,
-    stack,
-)
+
+# What callers import from here (the CLI, the family, tuning, benchmarks).
+from jaxfl.experiment.points import SERVER_LR, SweepPoint, batched_round, check_client_state, initial_state  # noqa: F401
 from jaxfl.experiment.runner import RunResult, Setup, train_points
 
 
