@@ -38,6 +38,9 @@ from jaxfl.experiment.report import (
     write_report,
 )
 
+# The report reads real run folders (three runs made once): the end-to-end tier (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 # Every figure but those drawn only where a run compressed its updates or ran on the simulated clock.
 UNCOMPRESSED_FIGURES = tuple(
     name for name in FIGURES if name not in ("error_vs_bytes.png", "error_vs_time.png")
@@ -281,7 +284,6 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-@pytest.mark.slow
 def test_report_command_writes_figures_and_a_self_contained_page(runs, tmp_path, capsys):
     out = tmp_path / "figures"
     status = main(["report", str(runs / "multi"), str(runs / "sweep"), "--out", str(out)])
@@ -412,7 +414,6 @@ def _load_in_chromium(text: str, tmp_path: Path) -> dict:
     return json.loads(html.unescape(found.group(1)))
 
 
-@pytest.mark.slow
 def test_page_in_headless_chromium(runs, tmp_path):
     page = write_report([runs / "multi"], tmp_path / "report")
     start = time.monotonic()

@@ -274,6 +274,7 @@ def _abstract(build, *args, **kwargs):
     return found["count"], found["flops"]
 
 
+@pytest.mark.slow
 def test_parameter_counts_and_flops_at_paper_sizes():
     # Shakespeare (TFF/FedJAX): 90 ids, embedding 8, 2 x LSTM 256, sequence 80.
     count, flops = _abstract(build_char_lstm, (80,), 90, input_vocab_size=90)

@@ -51,6 +51,7 @@ def test_gradients_on_tokens_are_the_one_hot_gradients(batch, positions, vocab, 
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, expected)
 
 
+@pytest.mark.slow
 def test_mlp_on_tokens_one_hot_encodes_and_vmaps_over_clients():
     model = make_model("mlp", (6,), 5, hidden_sizes=(8,), input_vocab_size=9)
     rng = np.random.default_rng(0)

@@ -100,6 +100,7 @@ def test_evar_and_tivar_equal_the_references(theta):
         )
 
 
+@pytest.mark.slow
 def test_the_orderings_of_li_2023_theorem_28_on_random_losses():
     # VaR <= TiVaR <= EVaR and VaR <= superquantile <= EVaR, for every theta, under vmap.
     thetas = jnp.asarray([1.0, 0.9, 0.5, 0.25, 0.1, 0.05, 0.01])

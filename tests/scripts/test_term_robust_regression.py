@@ -21,8 +21,10 @@ def script():
 def test_the_outliers_are_drawn_as_the_thesis_draws_them(script):
     x, y, clean, x_test, y_test = script.make_data(0, 0.4, 1000, 5)
     assert x.shape == (800, 5) and x_test.shape == (100, 5) and clean.shape == (800,)
-    assert abs((~clean).mean() - 0.4) < 0.06
-    assert abs(y[~clean].mean() - 5.0) < 0.4 and abs(y[~clean].var() - 5.0) < 1.5  # N(5, 5).
+    # Exactly 40% of the training targets, drawn with mean 5 and standard deviation 5 as TERM's code
+    # release draws them (np.random.normal(5, 5)); 320 draws: the mean within 3.5 standard errors.
+    assert (~clean).sum() == int(0.4 * 800)
+    assert abs(y[~clean].mean() - 5.0) < 1.0 and abs(y[~clean].std() - 5.0) < 0.6
     assert abs(y[clean].mean()) < 0.2 and abs(y_test.var() - 1.0) < 0.4
 
 

@@ -94,6 +94,7 @@ def test_kernel_matches_reference(widths, batch, loss, lr, l2, mu):
     assert not np.allclose(got[0][0][0], layers[0][0])
 
 
+@pytest.mark.slow
 def test_kernel_per_client_start_and_vmap_over_settings():
     widths, batch = (9, 12, 4), 4
     layout = DenseLayout(widths, batch)
@@ -112,6 +113,7 @@ def test_kernel_per_client_start_and_vmap_over_settings():
     np.testing.assert_array_equal(got[0][0][0][:, -1], np.broadcast_to(start[0][0][-1], (2, 9, 12)))
 
 
+@pytest.mark.slow
 def test_kernel_propagates_nan_as_reference():
     widths, batch = (9, 4), 4
     layout = DenseLayout(widths, batch)
@@ -209,6 +211,7 @@ def test_train_cohort_fused_equals_scan(model_name, hidden, epochs, max_steps, l
     assert max(float(jnp.abs(leaf).max()) for leaf in jax.tree.leaves(got.deltas)) > 0
 
 
+@pytest.mark.slow
 def test_personal_models_fused_equal_scan():
     # Linear: the kernel's per-client starts through an MLP are tested above.
     model = make_model("linear", (9,), 4)
