@@ -106,6 +106,7 @@ def test_scaffold_matches_a_loop_over_clients(option):
     assert np.abs(rows[0]).sum() > 0 and history[-1]["clients_with_weight"] == M
 
 
+@pytest.mark.slow
 def test_scaffold_rows_split_over_devices_match_one_device():
     split = ClientStrategy("sharded", num_devices=3, split_client_state=True)
     state, _ = run(2, num_rounds=2, strategy=split)

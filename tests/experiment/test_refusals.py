@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from reference import assert_cli_refuses
+from reference import assert_cli_refuses, slow_after
 
 from jaxfl.cli import main
 from jaxfl.data import memory
@@ -507,12 +507,13 @@ def test_bad_grids_are_refused(args, words, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "algorithm, args, words",
-    [
-        ("dp-fedavg", ["--grid", "dp_noise_multiplier=1000,2"], ["--grid point dp_noise_multiplier=1000.0"]),
+    # The DP budget's case calibrates noise first: the end-to-end tier's.
+    slow_after([
         ("deltafl", ["--reweighting", "dp", "--dp-scale", "100", "--grid", "dp_bits=8,32"],
          ["--grid point dp_bits=8", "wraparound"]),
         ("deltafl", ["--reweighting", "dp", "--grid", "dp_sigma=1,1e7"], ["dp_sigma", "sampler"]),
-    ],
+        ("dp-fedavg", ["--grid", "dp_noise_multiplier=1000,2"], ["--grid point dp_noise_multiplier=1000.0"]),
+    ], keep=2),
 )
 def test_grid_points_are_checked_as_runs(algorithm, args, words, tmp_path, capsys):
     _refuses(["sweep", *TINY, "--algorithm", algorithm, *args], words, tmp_path, capsys)
