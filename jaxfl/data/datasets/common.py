@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +281,55 @@ def fedjax_sqlite_source(path: Path) -> ClientSource:
         lambda file: len(file.client_counts()),
         lambda file: file.iter_clients(),
     )
+
+
+def find_tff_sources(
+    data_dir: Path,
+    hdf5: Mapping[str, str],
+    sqlite: Sequence[str],
+    sqlite_splits: Mapping[str, str],
+    fedjax: Mapping[str, str] | None = None,
+    *,
+    optional: Collection[str] = (),
+) -> tuple[str, dict[str, ClientSource]] | None:
+    """The first format of a TFF dataset found in `data_dir`, and its client sources by population.
+
+    The formats are tried in this order: TFF HDF5 (`hdf5`: population ->
+    file name, each also found inside its TFF archive), TFF SQLite (the first
+    of the file names `sqlite`, with `sqlite_splits`: population -> split),
+    FedJAX SQLite (`fedjax`: population -> file name; None: not published in
+    it). A format is taken when it holds every population not in `optional`;
+    an optional population is read from it when its file, or its split of
+    the SQLite file, is there too. The sources keep the order of the
+    mappings.
+
+    Returns:
+      (the format's name, population -> `ClientSource`), or None when no
+      format is complete.
+    """
+    directories = search_directories(data_dir)
+
+    def complete(found: Mapping[str, Path | None]) -> bool:
+        return all(found[population] for population in found if population not in optional)
+
+    h5 = {population: find_file_or_archive(directories, name) for population, name in hdf5.items()}
+    if complete(h5):
+        return "TFF HDF5", {population: tff_hdf5_source(path) for population, path in h5.items() if path}
+    path = find_file(directories, sqlite)
+    if path:
+        # Only an optional split is looked up first: an absent required one fails as its source opens.
+        present = tff_sqlite_splits(path) if any(p in optional for p in sqlite_splits) else ()
+        return "TFF SQLite", {
+            population: tff_sqlite_source(path, split)
+            for population, split in sqlite_splits.items()
+            if population not in optional or split in present
+        }
+    if fedjax is None:
+        return None
+    fj = {population: find_file(directories, [name]) for population, name in fedjax.items()}
+    if complete(fj):
+        return "FedJAX SQLite", {population: fedjax_sqlite_source(p) for population, p in fj.items() if p}
+    return None
 
 
 def split_clients_by_name(names: Sequence[str], test_fraction: float, seed: int) -> set[str]:

@@ -31,15 +31,11 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
-    fedjax_sqlite_source,
-    find_file,
-    find_file_or_archive,
+    find_tff_sources,
     load_cached,
     missing,
     split_clients_by_name,
     take_first,
-    tff_hdf5_source,
-    tff_sqlite_source,
     write_clients,
 )
 from jaxfl.data.errors import DataFileError
@@ -53,32 +49,22 @@ PIXELS = ("tff", "inverted")
 
 def _emnist_sources(data_dir: Path, only_digits: bool) -> tuple[str, dict[str, ClientSource]]:
     """The format found in `data_dir` and its train/test client sources."""
-    directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
     kind = "digitsonly_" if only_digits else ""
-    train_h5 = find_file_or_archive(directories, f"fed_emnist_{kind}train.h5")
-    test_h5 = find_file_or_archive(directories, f"fed_emnist_{kind}test.h5")
-    if train_h5 and test_h5:
-        return "TFF HDF5", {"train": tff_hdf5_source(train_h5), "test": tff_hdf5_source(test_h5)}
-    sqlite = find_file(directories, ["emnist_all.sqlite", "emnist_all.sqlite.lzma"])
-    if sqlite:
-        prefix = "digits_only" if only_digits else "all"
-        return "TFF SQLite", {
-            "train": tff_sqlite_source(sqlite, f"{prefix}_train"),
-            "test": tff_sqlite_source(sqlite, f"{prefix}_test"),
-        }
-    fedjax_kind = "digitsonly_" if only_digits else ""
-    train_fj = find_file(directories, [f"federated_emnist_{fedjax_kind}train.sqlite"])
-    test_fj = find_file(directories, [f"federated_emnist_{fedjax_kind}test.sqlite"])
-    if train_fj and test_fj:
-        return "FedJAX SQLite", {
-            "train": fedjax_sqlite_source(train_fj),
-            "test": fedjax_sqlite_source(test_fj),
-        }
-    wanted = (
-        f"fed_emnist_{kind}{{train,test}}.h5, emnist_all.sqlite[.lzma] or "
-        f"federated_emnist_{fedjax_kind}{{train,test}}.sqlite"
+    prefix = "digits_only" if only_digits else "all"
+    found = find_tff_sources(
+        data_dir,
+        {population: f"fed_emnist_{kind}{population}.h5" for population in ("train", "test")},
+        ["emnist_all.sqlite", "emnist_all.sqlite.lzma"],
+        {population: f"{prefix}_{population}" for population in ("train", "test")},
+        {population: f"federated_emnist_{kind}{population}.sqlite" for population in ("train", "test")},
     )
-    raise missing("emnist", wanted, [data_dir])
+    if found is None:
+        wanted = (
+            f"fed_emnist_{kind}{{train,test}}.h5, emnist_all.sqlite[.lzma] or "
+            f"federated_emnist_{kind}{{train,test}}.sqlite"
+        )
+        raise missing("emnist", wanted, [data_dir])
+    return found
 
 
 def _pixels(raw: np.ndarray, convention: str, where: str) -> np.ndarray:

@@ -43,16 +43,12 @@ import numpy as np
 
 from jaxfl.data.datasets.common import (
     check_data_dir,
-    fedjax_sqlite_source,
-    find_file,
-    find_file_or_archive,
+    find_tff_sources,
     load_cached,
     missing,
     progress_bar,
     size_statistics,
     split_clients_by_name,
-    tff_hdf5_source,
-    tff_sqlite_source,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
@@ -107,8 +103,6 @@ def _snippet_sources(
     data_dir: Path,
 ) -> tuple[str, dict[str, Iterator[tuple[str, list[str]]]], list[Path]] | None:
     """TFF or FedJAX files in `data_dir`: the format, per-population snippet iterators, the files."""
-    directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
-
     def snippets_of(source):
         def clients():
             with contextlib.closing(source.clients()) as raw_clients:
@@ -119,21 +113,20 @@ def _snippet_sources(
 
         return clients
 
-    train_h5 = find_file_or_archive(directories, "shakespeare_train.h5")
-    test_h5 = find_file_or_archive(directories, "shakespeare_test.h5")
-    if train_h5 and test_h5:
-        sources = {"train": tff_hdf5_source(train_h5), "test": tff_hdf5_source(test_h5)}
-        return "TFF HDF5", {k: snippets_of(v) for k, v in sources.items()}, [train_h5, test_h5]
-    sqlite = find_file(directories, ["shakespeare.sqlite", "shakespeare.sqlite.lzma"])
-    if sqlite:
-        sources = {"train": tff_sqlite_source(sqlite, "train"), "test": tff_sqlite_source(sqlite, "test")}
-        return "TFF SQLite", {k: snippets_of(v) for k, v in sources.items()}, [sqlite]
-    train_fj = find_file(directories, ["shakespeare_train.sqlite"])
-    test_fj = find_file(directories, ["shakespeare_test.sqlite"])
-    if train_fj and test_fj:
-        sources = {"train": fedjax_sqlite_source(train_fj), "test": fedjax_sqlite_source(test_fj)}
-        return "FedJAX SQLite", {k: snippets_of(v) for k, v in sources.items()}, [train_fj, test_fj]
-    return None
+    populations = ("train", "test")
+    found = find_tff_sources(
+        data_dir,
+        {population: f"shakespeare_{population}.h5" for population in populations},
+        ["shakespeare.sqlite", "shakespeare.sqlite.lzma"],
+        {population: population for population in populations},
+        {population: f"shakespeare_{population}.sqlite" for population in populations},
+    )
+    if found is None:
+        return None
+    source_format, sources = found
+    # Each file once (both TFF SQLite populations are splits of one file).
+    files = list(dict.fromkeys(source.path for source in sources.values()))
+    return source_format, {k: snippets_of(v) for k, v in sources.items()}, files
 
 
 def examples_nbytes(

@@ -56,16 +56,12 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
-    fedjax_sqlite_source,
-    find_file,
     find_file_or_archive,
+    find_tff_sources,
     load_cached,
     missing,
     progress_bar,
     size_statistics,
-    tff_hdf5_source,
-    tff_sqlite_source,
-    tff_sqlite_splits,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
@@ -79,27 +75,18 @@ _ASCII_WHITESPACE = re.compile("[ \t\n\r\x0b\x0c]+")
 
 
 def _sources(data_dir: Path) -> tuple[str, dict[str, ClientSource]]:
-    directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
-    h5 = {
-        s: find_file_or_archive(directories, f"stackoverflow_{s}.h5") for s in ("train", "held_out", "test")
-    }
-    if h5["train"] and h5["test"]:
-        sources = {"train": tff_hdf5_source(h5["train"]), "test": tff_hdf5_source(h5["test"])}
-        if h5["held_out"]:
-            sources["validation"] = tff_hdf5_source(h5["held_out"])
-        return "TFF HDF5", sources
-    sqlite = find_file(directories, ["stackoverflow.sqlite", "stackoverflow.sqlite.lzma"])
-    if sqlite:
-        sources = {"train": tff_sqlite_source(sqlite, "train"), "test": tff_sqlite_source(sqlite, "test")}
-        if "heldout" in tff_sqlite_splits(sqlite):
-            sources["validation"] = tff_sqlite_source(sqlite, "heldout")
-        return "TFF SQLite", sources
-    fj = {s: find_file(directories, [f"stackoverflow_{s}.sqlite"]) for s in ("train", "held_out", "test")}
-    if fj["train"] and fj["test"]:
-        sources = {"train": fedjax_sqlite_source(fj["train"]), "test": fedjax_sqlite_source(fj["test"])}
-        if fj["held_out"]:
-            sources["validation"] = fedjax_sqlite_source(fj["held_out"])
-        return "FedJAX SQLite", sources
+    # The held-out clients are the validation population, read when the files have them.
+    files = {"train": "train", "test": "test", "validation": "held_out"}
+    found = find_tff_sources(
+        data_dir,
+        {population: f"stackoverflow_{name}.h5" for population, name in files.items()},
+        ["stackoverflow.sqlite", "stackoverflow.sqlite.lzma"],
+        {"train": "train", "test": "test", "validation": "heldout"},
+        {population: f"stackoverflow_{name}.sqlite" for population, name in files.items()},
+        optional=("validation",),
+    )
+    if found is not None:
+        return found
     raise missing(
         "stackoverflow",
         "stackoverflow_{train,held_out,test}.h5, stackoverflow.sqlite[.lzma] or "

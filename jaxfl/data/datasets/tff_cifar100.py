@@ -18,11 +18,8 @@ import numpy as np
 
 from jaxfl.data.datasets.common import (
     ClientSource,
-    find_file,
-    find_file_or_archive,
+    find_tff_sources,
     load_cached,
-    tff_hdf5_source,
-    tff_sqlite_source,
     write_clients,
 )
 from jaxfl.data.errors import DataFileError
@@ -32,18 +29,13 @@ _CONVERTER_VERSION = 1
 
 
 def find_tff_cifar100(data_dir: Path) -> tuple[str, dict[str, ClientSource]] | None:
-    directories = [data_dir, *sorted(p for p in data_dir.iterdir() if p.is_dir())]
-    train = find_file_or_archive(directories, "fed_cifar100_train.h5")
-    test = find_file_or_archive(directories, "fed_cifar100_test.h5")
-    if train and test:
-        return "TFF HDF5", {"train": tff_hdf5_source(train), "test": tff_hdf5_source(test)}
-    sqlite = find_file(directories, ["cifar100.sqlite", "cifar100.sqlite.lzma"])
-    if sqlite:
-        return "TFF SQLite", {
-            "train": tff_sqlite_source(sqlite, "train"),
-            "test": tff_sqlite_source(sqlite, "test"),
-        }
-    return None
+    populations = ("train", "test")
+    return find_tff_sources(
+        data_dir,
+        {population: f"fed_cifar100_{population}.h5" for population in populations},
+        ["cifar100.sqlite", "cifar100.sqlite.lzma"],
+        {population: population for population in populations},
+    )
 
 
 def _featurize(features: dict, label: str, where: str) -> dict[str, np.ndarray]:
