@@ -44,7 +44,7 @@ from jaxfl.algorithms.plans import (
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
 
-__all__ = ["fedavg", "straggler_plan"]
+__all__ = ["fedavg", "straggler_plan", "straggler_select"]
 
 
 def straggler_plan(
@@ -88,6 +88,17 @@ def straggler_plan(
     return plan
 
 
+def straggler_select(
+    clients_per_round: int, stragglers: float, local: LocalTraining, *, keep: bool
+) -> stages.SelectStage:
+    """The select stage of a round with stragglers: `straggler_plan` over `local`'s epochs.
+
+    FedAvg drops its stragglers (`keep=False`); FedProx and FedNova keep their
+    partial work (`keep=True`).
+    """
+    return stages.SelectStage(plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=keep))
+
+
 def fedavg(
     task: Task,
     local: LocalTraining,
@@ -110,9 +121,7 @@ def fedavg(
         "fedavg",
         task,
         clients_per_round,
-        select=stages.SelectStage(
-            plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=False)
-        ),
+        select=straggler_select(clients_per_round, stragglers, local, keep=False),
         client_update=stages.ClientUpdateStage(local=local),
         **options,
     )

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedavg import straggler_plan
+from jaxfl.algorithms.fedavg import straggler_select
 from jaxfl.training.cohort import CohortResults
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.types import Key
@@ -82,9 +82,7 @@ def fednova(
         "fednova",
         task,
         clients_per_round,
-        select=stages.SelectStage(
-            plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True),
-        ),
+        select=straggler_select(clients_per_round, stragglers, local, keep=True),
         client_update=stages.ClientUpdateStage(local=local),
         aggregate=stages.AggregateStage(aggregate=normalized_averaging),
         **options,

@@ -29,7 +29,7 @@ from typing import Unpack
 
 from jaxfl.algorithms import stages
 from jaxfl.algorithms.base import FederatedAlgorithm
-from jaxfl.algorithms.fedavg import straggler_plan
+from jaxfl.algorithms.fedavg import straggler_select
 from jaxfl.training.local import LocalTraining, Task
 
 
@@ -61,9 +61,7 @@ def fedprox(
         "fedprox",
         task,
         clients_per_round,
-        select=stages.SelectStage(
-            plan=straggler_plan(clients_per_round, stragglers, local.num_epochs, keep=True)
-        ),
+        select=straggler_select(clients_per_round, stragglers, local, keep=True),
         client_update=stages.ClientUpdateStage(local=local, proximal="mu", hparam_defaults={"mu": 0.01}),
         **options,
     )
