@@ -45,7 +45,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Unpack
 
 import jax
@@ -107,6 +107,23 @@ def qffl_update(
     return stages.Aggregation(mean_delta, coefficients, state.extra, {"step_scale": jnp.sum(coefficients)})
 
 
+def qffl_aggregate(losses: Callable[[CohortResults, stages.Cohort], jax.Array]) -> stages.Aggregate:
+    """The aggregate stage's rule `qffl_update`, the per-client losses being `losses(results, cohort)`.
+
+    q-FFL weighs the losses F_k(w_t) read before training
+    (`cohort.initial_loss`); q-MAML those of the adapted models
+    (`jaxfl.algorithms.qmaml`).
+    """
+
+    def aggregate(
+        results: CohortResults, cohort: stages.Cohort, plan: stages.ClientPlan, state: ServerState, key: Key
+    ) -> stages.Aggregation:
+        del plan, key  # Unused.
+        return qffl_update(results.deltas, losses(results, cohort), cohort.alpha, state)
+
+    return aggregate
+
+
 def qffl(
     task: Task,
     local: LocalTraining,
@@ -142,16 +159,6 @@ def qffl(
     if not q >= 0:
         raise ValueError(f"q must be >= 0, got {q}")
 
-    def aggregate(
-        results: CohortResults,
-        cohort: stages.Cohort,
-        plan: stages.ClientPlan,
-        state: ServerState,
-        key: Key,
-    ) -> stages.Aggregation:
-        del plan, key  # Unused.
-        return qffl_update(results.deltas, cohort.initial_loss, cohort.alpha, state)
-
     return stages.compose_round(
         name,
         task,
@@ -159,7 +166,9 @@ def qffl(
         client_update=stages.ClientUpdateStage(
             local=full_batch_step if variant == "fedsgd" else local, reports_initial_loss=True
         ),
-        aggregate=stages.AggregateStage(aggregate=aggregate, hparam_defaults={"q": q}),
+        aggregate=stages.AggregateStage(
+            aggregate=qffl_aggregate(lambda results, cohort: cohort.initial_loss), hparam_defaults={"q": q}
+        ),
         **options,
     )
 

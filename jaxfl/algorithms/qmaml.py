@@ -40,12 +40,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxfl.algorithms import stages
-from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
+from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.fedsgd import full_batch_step
-from jaxfl.algorithms.qffl import qffl_update
-from jaxfl.training.cohort import CohortResults
+from jaxfl.algorithms.qffl import qffl_aggregate
 from jaxfl.training.local import LocalHParams, LocalStep, Task, minibatch_loss, sgd_update
-from jaxfl.types import Key, Params
+from jaxfl.types import Params
 
 QMAML_HPARAM_DEFAULTS = {"q": 1.0, "perfedavg_alpha": 0.01}
 
@@ -74,13 +73,6 @@ def qmaml(
     def local_step(hparams: LocalHParams, state_hparams: Mapping[str, jax.Array]) -> LocalStep:
         return meta_step(task, hparams, state_hparams["perfedavg_alpha"])
 
-    def aggregate(
-        results: CohortResults, cohort: stages.Cohort, plan: stages.ClientPlan, state: ServerState, key: Key
-    ) -> stages.Aggregation:
-        del plan, key  # Unused.
-        # The adapted model's loss on D'_k is the step's reported loss.
-        return qffl_update(results.deltas, results.mean_batch_loss, cohort.alpha, state)
-
     return stages.compose_round(
         "qmaml",
         task,
@@ -88,6 +80,9 @@ def qmaml(
         client_update=stages.ClientUpdateStage(
             local=full_batch_step, step=local_step, hparam_defaults=QMAML_HPARAM_DEFAULTS
         ),
-        aggregate=stages.AggregateStage(aggregate=aggregate),
+        # The adapted model's loss on D'_k is the step's reported loss.
+        aggregate=stages.AggregateStage(
+            aggregate=qffl_aggregate(lambda results, cohort: results.mean_batch_loss)
+        ),
         **options,
     )
