@@ -149,6 +149,25 @@ def sanitize(updates: Params, weights: jax.Array, finite: jax.Array | None = Non
     )
 
 
+def sanitized_aggregator(
+    name: str,
+    rule: Callable[[SanitizedUpdates, PyTree], tuple[Params, PyTree, Metrics]],
+    init: Callable[[Params], PyTree] = stateless_init,
+) -> Aggregator:
+    """The `Aggregator` of a rule that reads no losses, on the cohort `sanitize` leaves.
+
+    Its `aggregate(updates, weights, state, losses=None)` drops the
+    non-finite clients (module docstring) and returns `rule(cohort, state)`,
+    `(update, state, metrics)`; the losses are not read.
+    """
+
+    def aggregate(updates, weights, state, losses=None):
+        del losses  # Unused.
+        return rule(sanitize(updates, weights), state)
+
+    return Aggregator(name, init, aggregate, uses_losses=False)
+
+
 def zeros_like_client(updates: Params) -> Params:
     """Zeros shaped like one client's update (leaves `[...]`)."""
     return jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), updates)

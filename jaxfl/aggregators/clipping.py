@@ -54,9 +54,7 @@ def norm_clipping() -> Aggregator:
         weights here).
     """
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         norms = jnp.sqrt(cohort.sq_norms)
         ordered = jnp.sort(jnp.where(cohort.participating, norms, jnp.inf))
         n = cohort.count
@@ -68,7 +66,7 @@ def norm_clipping() -> Aggregator:
         update = weighted_mean(clipped, cohort.weights)
         return update, state, base.metrics(cohort, n, clip_threshold=threshold)
 
-    return Aggregator("norm-clipping", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("norm-clipping", rule)
 
 
 def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
@@ -113,10 +111,8 @@ def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
     def init(params):
         return jax.tree.map(jnp.zeros_like, params)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
-        start = jax.tree.map(lambda s, x: s.astype(x.dtype), state, base.zeros_like_client(updates))
+    def rule(cohort, state):
+        start = jax.tree.map(lambda s, x: s.astype(x.dtype), state, base.zeros_like_client(cohort.updates))
 
         def step(_, center):
             differences = jax.tree.map(lambda x, c: x - c[None], cohort.updates, center)
@@ -131,4 +127,4 @@ def centered_clipping(radius: float = 10.0, iterations: int = 1) -> Aggregator:
         new_state = jax.tree.map(lambda v, s: v.astype(s.dtype), center, state)
         return update, new_state, base.metrics(cohort, cohort.count)
 
-    return Aggregator("centered-clipping", init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("centered-clipping", rule, init)

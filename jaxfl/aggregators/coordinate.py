@@ -97,9 +97,7 @@ def median() -> Aggregator:
         median"); Yin et al. 2018.
     """
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         largest = jnp.max(cohort.weights)
         cohort = cohort._replace(
             weights=cohort.weights / jnp.where(largest > 0, largest, jnp.ones((), largest.dtype))
@@ -117,7 +115,7 @@ def median() -> Aggregator:
         update = jax.tree.map(leaf_median, cohort.updates)
         return update, state, base.metrics(cohort, cohort.count)
 
-    return Aggregator("median", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("median", rule)
 
 
 def trimmed_mean(beta: float = 0.1) -> Aggregator:
@@ -149,10 +147,8 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
     """
     beta = check_number("trimmed-mean option beta", beta, low=0.0, high=0.5, high_open=True)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
-        m = weights.shape[0]
+    def rule(cohort, state):
+        m = cohort.weights.shape[0]
         trims = jnp.asarray([math.floor(beta * n) for n in range(m + 1)], jnp.int32)
         trim = trims[cohort.count]
         kept = cohort.count - 2 * trim
@@ -169,4 +165,4 @@ def trimmed_mean(beta: float = 0.1) -> Aggregator:
         update = jax.tree.map(leaf_trimmed_mean, cohort.updates)
         return update, state, base.metrics(cohort, kept)
 
-    return Aggregator("trimmed-mean", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("trimmed-mean", rule)

@@ -68,15 +68,13 @@ def krum(byzantine: int = 0) -> Aggregator:
     """
     byzantine = check_int("krum option byzantine", byzantine, minimum=0)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         best = jnp.argmin(krum_scores(cohort, byzantine))
         present = cohort.count > 0
         update = base.select_client(cohort.updates, best, present)
         return update, state, base.metrics(cohort, present.astype(jnp.int32))
 
-    return Aggregator("krum", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("krum", rule)
 
 
 def multi_krum(byzantine: int = 0, selected: int = 0) -> Aggregator:
@@ -104,9 +102,7 @@ def multi_krum(byzantine: int = 0, selected: int = 0) -> Aggregator:
     byzantine = check_int("multi-krum option byzantine", byzantine, minimum=0)
     selected = check_int("multi-krum option selected", selected, minimum=0)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         n = cohort.count
         target = n - byzantine if selected == 0 else jnp.asarray(selected, jnp.int32)
         count = jnp.minimum(jnp.maximum(target, 1), n)
@@ -115,7 +111,7 @@ def multi_krum(byzantine: int = 0, selected: int = 0) -> Aggregator:
         update = weighted_mean(cohort.updates, jnp.where(chosen, cohort.weights, 0.0))
         return update, state, base.metrics(cohort, jnp.sum(chosen, dtype=jnp.int32))
 
-    return Aggregator("multi-krum", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("multi-krum", rule)
 
 
 def k_norm(byzantine: int = 0) -> Aggregator:
@@ -142,15 +138,13 @@ def k_norm(byzantine: int = 0) -> Aggregator:
     """
     byzantine = check_int("k-norm option byzantine", byzantine, minimum=0)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         rank = base.rank_ascending(jnp.where(cohort.participating, cohort.sq_norms, jnp.inf))
         kept = cohort.participating & (rank < cohort.count - byzantine)
         update = weighted_mean(cohort.updates, jnp.where(kept, cohort.weights, 0.0))
         return update, state, base.metrics(cohort, jnp.sum(kept, dtype=jnp.int32))
 
-    return Aggregator("k-norm", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("k-norm", rule)
 
 
 def k_loss(byzantine: int = 0) -> Aggregator:

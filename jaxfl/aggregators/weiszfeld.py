@@ -65,9 +65,7 @@ def geometric_median(nu: float = 1e-6, max_iterations: int = 4, ftol: float = 1e
     max_iterations = check_int("geometric-median option max_iterations", max_iterations, minimum=1)
     ftol = check_number("geometric-median option ftol", ftol, low=0.0)
 
-    def aggregate(updates, weights, state, losses=None):
-        del losses  # Unused.
-        cohort = base.sanitize(updates, weights)
+    def rule(cohort, state):
         alpha = cohort.weights
 
         def objective(distances):
@@ -97,4 +95,4 @@ def geometric_median(nu: float = 1e-6, max_iterations: int = 4, ftol: float = 1e
             base.metrics(cohort, cohort.count, geometric_median_iterations=iterations),
         )
 
-    return Aggregator("geometric-median", base.stateless_init, aggregate, uses_losses=False)
+    return base.sanitized_aggregator("geometric-median", rule)
