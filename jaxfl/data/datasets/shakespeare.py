@@ -103,6 +103,7 @@ def _snippet_sources(
     data_dir: Path,
 ) -> tuple[str, dict[str, Iterator[tuple[str, list[str]]]], list[Path]] | None:
     """TFF or FedJAX files in `data_dir`: the format, per-population snippet iterators, the files."""
+
     def snippets_of(source):
         def clients():
             with contextlib.closing(source.clients()) as raw_clients:
