@@ -14,7 +14,6 @@ median seconds per round or step, and per client trained.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -40,7 +39,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     entries = {
-        label: _compiled(dataclasses.replace(RunConfig(), rounds=200, eval_every=200, progress=False,
+        label: _compiled(RunConfig().replace(rounds=200, eval_every=200, progress=False,
                                              **{"availability": "always", **settings}))
         for label, (settings, _) in SETTINGS.items()
     }  # fmt: skip

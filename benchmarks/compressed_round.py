@@ -16,7 +16,6 @@ where compression's work per client grows with d.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -45,7 +44,7 @@ def _compiled(config: RunConfig):
     run_setup = setup(config)
     name = config.algorithms[0]
     carry, run_key = initial_carry(run_setup, name)
-    per_call = rounds_per_call(run_setup.engine.strategy, config.rounds, config.eval_every)
+    per_call = rounds_per_call(run_setup.engine.strategy, config.server.rounds, config.evaluation.eval_every)
     population = training_input(run_setup, run_key, per_call)
     call = compile_rounds(monitored(run_setup.algorithms[name].round), per_call)
     carry, _ = call(carry, population, run_key)  # Compiles.
@@ -80,8 +79,8 @@ def main() -> None:
     for model, model_settings in MODELS.items():
         entries = {}
         for label, settings in COMPRESSIONS.items():
-            config = dataclasses.replace(
-                RunConfig(), rounds=200, eval_every=200, progress=False, **model_settings, **settings
+            config = RunConfig().replace(
+                rounds=200, eval_every=200, progress=False, **model_settings, **settings
             )
             entries[label] = _compiled(config)
         times = {label: [] for label in entries}

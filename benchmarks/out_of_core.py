@@ -120,9 +120,9 @@ def worker(args) -> dict:
     engine = run_setup.engine
     strategy = engine.strategy
     algorithm = run_setup.algorithms["fedavg"]
-    init_key, run_key = jax.random.split(jax.random.key(config.seed))
+    init_key, run_key = jax.random.split(jax.random.key(config.runtime.seed))
     state = strategy.replicate(algorithm.init(engine.task.model.init(init_key), run_setup.hparams["fedavg"]))
-    fused = rounds_per_call(strategy, config.rounds, config.eval_every)
+    fused = rounds_per_call(strategy, config.server.rounds, config.evaluation.eval_every)
     train = training_input(run_setup, run_key, fused)
     on_host = isinstance(train, CohortStream)
     round_fn = compile_rounds(algorithm.round, fused, cohort_per_round=on_host)
@@ -150,7 +150,7 @@ def worker(args) -> dict:
         "residency": args.residency,
         "strategy": strategy.describe(),
         "rounds_per_call": fused,
-        "rounds": config.rounds,
+        "rounds": config.server.rounds,
         "rounds_per_s": timing.rounds_per_s,
         "compile_s": timing.compile_s,
         "load_s": load_s,

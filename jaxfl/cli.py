@@ -35,6 +35,7 @@ from typing import Any
 
 from jaxfl.algorithms.registry import PRIVATE_ALGORITHMS
 from jaxfl.experiment.config import (
+    DEFAULTS,
     FIELDS,
     ConfigError,
     RunConfig,
@@ -100,7 +101,6 @@ def _dataset_option(text: str) -> tuple[str, Any]:
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", help="JSON or TOML file of settings")
-    defaults = RunConfig()
     groups = {}
     for title, names in section_fields().items():
         group = groups[title] = run.add_argument_group(title)
@@ -113,7 +113,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
             help_text = meta["help"]
             if meta["choices"]:
                 help_text += f"; one of: {', '.join(map(str, meta['choices']))}"
-            help_text += f" (default: {meta['default_text'] or getattr(defaults, name)})"
+            help_text += f" (default: {meta['default_text'] or DEFAULTS.setting(name)})"
             if str(field.type).startswith("bool"):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             else:
@@ -274,7 +274,7 @@ def with_secret_seed(values: dict[str, Any]) -> dict[str, Any]:
     recorded (config.json has it, with `seed_drawn`), so the run stays
     reproducible by whoever holds its files.
     """
-    algorithm = values.get("algorithm", RunConfig.algorithm)
+    algorithm = values.get("algorithm", DEFAULTS.algorithm)
     names = [name.strip() for name in algorithm.split(",")] if isinstance(algorithm, str) else []
     if "seed" in values or not set(names) & set(PRIVATE_ALGORITHMS):
         return values

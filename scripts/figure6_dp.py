@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import itertools
 import json
 import sys
@@ -163,21 +162,19 @@ class Calibrations:
                 algorithm,
                 float(epsilon),
                 None if ratio is None else float(ratio),
-                config.dp_bins,
-                config.dp_scale,
-                config.rounds,
-                config.clients_per_round,
+                config.privacy.dp_bins,
+                config.privacy.dp_scale,
+                config.server.rounds,
+                config.server.clients_per_round,
                 num_clients,
             ]
         )
         if key not in self.table:
-            settings = dataclasses.replace(
-                config, epsilon=epsilon, dp_quantile_ratio=ratio or 0.25
-            )
+            settings = config.replace(epsilon=epsilon, dp_quantile_ratio=ratio or 0.25).flat()
             self.table[key] = algorithm_spec(algorithm).privacy.calibrate(
                 settings,
                 num_clients=num_clients,
-                clients_per_round=config.clients_per_round,
+                clients_per_round=config.server.clients_per_round,
                 hparams={"clip_norm": 1.0},
             )
             self.path.write_text(json.dumps(self.table, indent=1))
@@ -357,8 +354,7 @@ def select(rows: list[dict]) -> list[dict]:
 def add_privacy(chosen: list[dict], args, num_clients: int) -> None:
     """The epsilon each selected setting spent, from the accountant."""
     for row in chosen:
-        config = dataclasses.replace(
-            base_config(args, row["algorithm"], int(row["dp_bins"] or 32)),
+        config = base_config(args, row["algorithm"], int(row["dp_bins"] or 32)).replace(
             epsilon=row["epsilon"],
             dp_quantile_ratio=row["dp_quantile_ratio"] or 0.25,
         )
@@ -369,11 +365,11 @@ def add_privacy(chosen: list[dict], args, num_clients: int) -> None:
         if row["dp_quantile_sigma"] != "":
             hparams["dp_quantile_sigma"] = row["dp_quantile_sigma"]
         report = algorithm_spec(row["algorithm"]).privacy.report(
-            config,
+            config.flat(),
             num_clients=num_clients,
-            clients_per_round=config.clients_per_round,
+            clients_per_round=config.server.clients_per_round,
             hparams=hparams,
-            rounds_done=config.rounds,
+            rounds_done=config.server.rounds,
         )
         row["epsilon_spent"] = report["epsilon"]
         row["delta"] = report["delta"]
@@ -426,13 +422,12 @@ def run_baselines(args) -> list[dict]:
         ("deltafl", {"theta": theta}) for theta in args.thetas
     ]
     for algorithm, hparams in variants:
-        config = dataclasses.replace(
-            base_config(args, "fedavg"),
+        config = base_config(args, "fedavg").replace(
             algorithm=algorithm,
             client_weighting="uniform",
         )
         if algorithm == "deltafl":
-            config = dataclasses.replace(config, reweighting="threshold")
+            config = config.replace(reweighting="threshold")
         run_setup = setup(config)
         points = [SweepPoint(hparams, seed) for seed in range(args.seeds)]
         results = run_sweep(run_setup, algorithm, points)

@@ -54,7 +54,7 @@ def _written_datasets():
     for _, argv in COMMANDS:
         if argv[0] in ("run", "sweep", "family") and "--out" in argv and "--config" not in argv:
             args = build_parser().parse_args(argv)
-            written[args.out] = resolve_config(args).dataset
+            written[args.out] = resolve_config(args).data.dataset
     return written
 
 
@@ -69,6 +69,7 @@ def test_a_documented_command_is_accepted_as_written(document, argv):
     if args.config and not pathlib.Path(args.config).exists():
         return  # The user's own file.
     config = resolve_config(args)
-    assert set(config.dataset_options) <= set(dataset_options(config.dataset)), config.dataset_options
+    data = config.data
+    assert set(data.dataset_options) <= set(dataset_options(data.dataset)), data.dataset_options
     if argv[0] == "sweep":
         assert parse_grid(args.grid)

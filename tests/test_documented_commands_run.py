@@ -140,7 +140,7 @@ def _reduced(argv, stopped):
     if "--max-local-steps" not in argv:
         argv = [*argv, "--max-local-steps", MAX_LOCAL_STEPS]
     config = resolve_config(build_parser().parse_args(argv))
-    if config.dataset in LARGE_EVALUATION and config.eval_clients is None:  # Unset, or `all`.
+    if config.data.dataset in LARGE_EVALUATION and config.evaluation.eval_clients is None:  # Unset, or `all`.
         argv = _set(argv, "--eval-clients", EVAL_CLIENTS)
     return [*argv, "--no-progress"]
 
@@ -152,9 +152,9 @@ def _missing_data(argv):
     if argv[0] not in TRAINS or "--resume" in argv:
         return ""
     config = resolve_config(build_parser().parse_args(argv))
-    if config.data_dir:
-        return "" if Path(config.data_dir).exists() else config.data_dir
-    spec = dict(dataset_listing()).get(config.dataset)
+    if config.data.data_dir:
+        return "" if Path(config.data.data_dir).exists() else config.data.data_dir
+    spec = dict(dataset_listing()).get(config.data.dataset)
     if spec is None or spec.status is None:
         return ""
     status = spec.status()
@@ -165,7 +165,8 @@ def _num_training_clients(argv):
     from jaxfl.data import load_dataset
 
     config = resolve_config(build_parser().parse_args(argv))
-    return load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options).train.num_clients
+    data = config.data
+    return load_dataset(data.dataset, data_dir=data.data_dir, **data.dataset_options).train.num_clients
 
 
 def _write_user_files(argv):
@@ -262,9 +263,9 @@ def test_documented_commands_run_as_written(chain, tmp_path, monkeypatch):
             # Refused as the CLI refuses missing data: one line naming the dataset and what is missing.
             lines = stderr.strip().splitlines()
             assert status == 2 and len(lines) == 1, where
-            dataset = resolve_config(args).dataset
+            dataset = resolve_config(args).data.dataset
             assert lines[0].startswith(f"jaxfl: error: dataset '{dataset}'"), where
-            assert not resolve_config(args).data_dir or missing in lines[0], where
+            assert not resolve_config(args).data.data_dir or missing in lines[0], where
             continue
         if stop:
             assert status == 130 and Path(f"{out}.partial").is_dir() and not Path(out).exists(), where

@@ -176,11 +176,11 @@ def choose_client_state(
     each is chosen only where memory is short. On CPU host memory is the
     devices' memory, so 'auto' never picks 'host' there.
     """
-    if config.client_state != "auto":
+    if config.personalization.client_state != "auto":
         return dataclasses.replace(
             strategy,
-            split_client_state=config.client_state == "split",
-            host_client_state=config.client_state == "host",
+            split_client_state=config.personalization.client_state == "split",
+            host_client_state=config.personalization.client_state == "host",
         )
 
     def personal_bytes(candidate):
@@ -243,18 +243,18 @@ def check_round_fits(
       available: bytes available (default: `round_memory_available()`).
       num_points: settings trained together by one vmapped round (a sweep's).
     """
-    needed = round_nbytes(task, dataset, local, config.clients_per_round, strategy)
+    needed = round_nbytes(task, dataset, local, config.server.clients_per_round, strategy)
     resource = "memory"
     if available is None:
         available, resource = round_memory_available()
-    at_once = clients_at_once(strategy, config.clients_per_round)
+    at_once = clients_at_once(strategy, config.server.clients_per_round)
     num_parameters = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(
         jax.eval_shape(task.model.init, jax.random.key(0))
     ))
     what = (
         f"one round of batch_size={local.batch_size}, local_epochs={local.num_epochs} and model "
-        f"{config.model} ({num_parameters:,} parameters) for {at_once} clients at once "
-        f"(clients_per_round={config.clients_per_round}, strategy {strategy.describe()})"
+        f"{config.network.model} ({num_parameters:,} parameters) for {at_once} clients at once "
+        f"(clients_per_round={config.server.clients_per_round}, strategy {strategy.describe()})"
     )
     personal_algorithms = [name for name in config.algorithms if name in CLIENT_STATE_ALGORITHMS]
     host_personal = 0
@@ -263,7 +263,7 @@ def check_round_fits(
         if strategy.host_client_state:
             layout = "in host memory"
             # The cohort's rows on the device; the N rows in host memory (checked apart off CPU).
-            needed += CLIENT_STATE_ALGORITHMS[name] * config.clients_per_round * num_parameters * 4
+            needed += CLIENT_STATE_ALGORITHMS[name] * config.server.clients_per_round * num_parameters * 4
             # The rows, and the copy a checkpoint makes of them while it writes.
             host_personal += 2 * personal
             if resource == "memory":
@@ -304,13 +304,13 @@ def check_round_fits(
 def data_warnings(config: RunConfig, dataset: FederatedDataset, local: LocalTraining) -> list[str]:
     """One line per setting that the data makes ineffective (module docstring)."""
     messages = []
-    if set(PARTITION_DEFAULTS) <= set(_dataset_options(config.dataset)):
-        messages.extend(unused_partition_options(config.dataset_options))
+    if set(PARTITION_DEFAULTS) <= set(_dataset_options(config.data.dataset)):
+        messages.extend(unused_partition_options(config.data.dataset_options))
     max_count = int(dataset.train.max_count)
     if full_batch_only(config):
         return messages  # Batch size, epochs and the cap are not used (see config.setting_warnings).
     uncapped = -(-max_count // local.batch_size) * local.num_epochs
-    cap = config.max_local_steps
+    cap = config.local.max_local_steps
     if cap is not None and cap >= uncapped and cap != implied_setting(config, "max_local_steps"):
         messages.append(
             f"max_local_steps={cap} is not less than any client's local steps (at most {uncapped}: "
@@ -340,7 +340,7 @@ def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warn
       ConfigError: the first refused point, named by its values.
     """
     for setting in grid:
-        value = getattr(config, setting)
+        value = config.setting(setting)
         if value != implied_setting(config, setting):
             on_warning(f"--grid {setting} replaces {setting}={value!r} given as a flag or in the config file")
     names = list(grid)
@@ -349,7 +349,7 @@ def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warn
     for values in itertools.product(*grid.values()):
         point = dict(zip(names, values, strict=True))
         label = ", ".join(f"{k}={v}" for k, v in point.items())
-        point_config = dataclasses.replace(config, **point)
+        point_config = config.replace(**point)
         try:
             check_settings(point_config)
         except ConfigError as error:
@@ -358,9 +358,9 @@ def check_grid_points(config: RunConfig, grid, base_setup, name: str, *, on_warn
             hparams = algorithm_hparams(point_config, name, base_setup.algorithms[name])
             try:
                 privacy.calibrate(
-                    point_config,
+                    point_config.flat(),
                     num_clients=num_clients,
-                    clients_per_round=point_config.clients_per_round,
+                    clients_per_round=point_config.server.clients_per_round,
                     hparams=hparams,
                     num_examples=base_setup.dataset.train.num_examples,
                 )

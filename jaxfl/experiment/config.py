@@ -22,9 +22,10 @@ import json
 import math
 import sys
 import tomllib
+import types
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from jaxfl.algorithms.registry import (
     CLIENT_STATE_ALGORITHMS,
@@ -70,20 +71,11 @@ def _field(default, help, **declaration) -> dataclasses.Field:
 
 
 @dataclasses.dataclass(frozen=True)
-class _RunLevelSettings:
-    """`RunConfig`'s own fields (the algorithms' join them in `_run_config_class`)."""
+class DataSettings:
+    """Where the clients and their examples come from, and the clients' own held-out splits."""
 
-    task: str | None = _field(
-        None,
-        "a published protocol (`jaxfl list` shows them): sets dataset, model, optimizers, rounds, "
-        "cohort, batch and learning rates; other settings override it",
-        optional=True,
-        choices=TASK_PRESETS,
-    )
-    algorithm: str = _field(
-        "fedavg,deltafl",
-        "algorithm(s) to run, comma-separated to compare several",
-    )
+    TITLE: ClassVar[str] = "data"
+
     dataset: str = _field(
         "label-shift", "dataset name (`jaxfl list` shows them), or tfds:NAME for a prepared TFDS dataset"
     )
@@ -104,6 +96,27 @@ class _RunLevelSettings:
         "round's cohort gathered and copied one call ahead), auto (device when it fits)",
         choices=("auto", "device", "host"),
     )
+    client_split: float | None = _field(
+        None,
+        "personalization: hold out this fraction in (0, 1) of every training client's "
+        "examples as its own test data (test client k = training client k; the "
+        "dataset's test clients are not used)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
+    client_validation_split: float | None = _field(
+        None,
+        "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
+        "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
+        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSettings:
+    """The model the clients train."""
+
+    TITLE: ClassVar[str] = "model"
+
     model: str = _field(
         "linear",
         "model",
@@ -111,8 +124,14 @@ class _RunLevelSettings:
     )
     hidden_sizes: tuple[int, ...] = _field((64,), "hidden layer widths of the mlp", flag=False)
     embedding_dim: int = _field(32, "embedding-bag: width of the token embeddings", low=1)
-    rounds: int = _field(2000, "communication rounds", low=1)
-    clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSettings:
+    """A client's local training in each round."""
+
+    TITLE: ClassVar[str] = "local training"
+
     local_epochs: int = _field(1, "local epochs per client", low=1, high=10_000)
     batch_size: int = _field(10, "local minibatch size (B)", low=1)
     max_local_steps: int | None = _field(
@@ -127,6 +146,19 @@ class _RunLevelSettings:
         1_000_000_000, "rounds t0 between learning-rate decays", low=1
     )
     l2: float = _field(0.0, "l2 regularization lambda", low=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """The rounds, the cohort and the server's optimizer."""
+
+    TITLE: ClassVar[str] = "rounds and the server"
+
+    rounds: int = _field(2000, "communication rounds", low=1)
+    clients_per_round: int = _field(100, "clients sampled per round (M)", low=1)
+    client_weighting: str = _field(
+        "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
+    )
     server_optimizer: str = _field(
         "sgd",
         "server optimizer (Reddi et al. 2021): sgd, avgm (FedAvgM), adagrad, adam, yogi",
@@ -148,10 +180,14 @@ class _RunLevelSettings:
         1e-3, "adagrad, adam, yogi: adaptivity epsilon (tau of Reddi et al.; its value matters)",
         low=0.0, low_open=True,
     )
-    client_weighting: str = _field(
-        "num_examples", "client weights alpha_i", choices=("num_examples", "uniform")
-    )
-    # Personalization: where per-client state lives, the baselines after training, the clients' own splits.
+
+
+@dataclasses.dataclass(frozen=True)
+class PersonalizationSettings:
+    """Where per-client state lives, and the fine-tuning baselines after training."""
+
+    TITLE: ClassVar[str] = "personalization"
+
     client_state: str = _field(
         "auto", "where per-client state (personal models, control variates: "
         f"{', '.join(CLIENT_STATE_ALGORITHMS)}) lives: replicated on each device, split over the devices "
@@ -178,20 +214,16 @@ class _RunLevelSettings:
         "(KL(f(w) || f(w*)) + KL(f(w*) || f(w))) on each minibatch, f the softmax output, w* the global "
         "model; needs --finetune-epochs", low=0.0, optional=True,
     )
-    client_split: float | None = _field(
-        None,
-        "personalization: hold out this fraction in (0, 1) of every training client's "
-        "examples as its own test data (test client k = training client k; the "
-        "dataset's test clients are not used)",
-        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
-    )
-    client_validation_split: float | None = _field(
-        None,
-        "with client_split: also hold out this fraction in (0, 1) of every training client's examples "
-        "as its own validation data (Li 2023, Appendix 5.7.4: 0.08 with client_split 0.2 gives 72/8/20)",
-        low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
-    )
-    # Robust aggregation (jaxfl.aggregators; docs/aggregators.md).
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustnessSettings:
+    """The robust aggregator (`jaxfl.aggregators`; docs/aggregators.md) and the corrupted clients' attack
+    (`jaxfl.attacks`; docs/attacks.md).
+    """
+
+    TITLE: ClassVar[str] = "robust aggregation and attacks"
+
     aggregator: str = _field(
         "mean", "how the server combines the cohort's updates (algorithms that average "
         "weighted updates)", choices=AGGREGATOR_NAMES,
@@ -218,7 +250,6 @@ class _RunLevelSettings:
         1e-6, "geometric-median: stop when the objective changes by less than this fraction",
         low=0.0,
     )
-    # Attacks by corrupted clients (jaxfl.attacks; docs/attacks.md).
     attack: str | None = _field(
         None, "what the corrupted clients do: a data attack (once, on their training "
         "examples) or an update attack (in every round)",
@@ -246,7 +277,14 @@ class _RunLevelSettings:
     alie_z: float | None = _field(
         None, "alie attack: z (unset: Baruch et al.'s z from n and f)", optional=True,
     )
-    # Compressed client updates (jaxfl.communication; docs/communication.md).
+
+
+@dataclasses.dataclass(frozen=True)
+class CommunicationSettings:
+    """How clients compress their updates (`jaxfl.communication`; docs/communication.md)."""
+
+    TITLE: ClassVar[str] = "compressed updates"
+
     compression: str | None = _field(
         None, "how clients compress their updates: qsgd (stochastic quantization), rand-k or top-k "
         "sparsification (unset: float32 updates); every run counts its bytes up and down",
@@ -268,7 +306,14 @@ class _RunLevelSettings:
         False, "each client keeps what compression dropped and adds it to its next update (one residual "
         "row per training client)",
     )
-    # The simulated clock (jaxfl.clock; docs/clock.md).
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockSettings:
+    """The simulated clock: availability, devices, over-selection, deadline (`jaxfl.clock`; docs/clock.md)."""
+
+    TITLE: ClassVar[str] = "simulated clock"
+
     availability: str | None = _field(
         None, "run rounds on a simulated clock, clients online 'always', 'diurnal' (--diurnal-hours a day "
         "from a start hour drawn per client) or as a CSV trace FILE (client,start,end seconds; unset: no "
@@ -295,17 +340,14 @@ class _RunLevelSettings:
         "seconds the server waits for reports (unset: until every selected client has reported or dropped)",
         low=0.0, low_open=True, optional=True,
     )
-    strategy: str = _field(
-        "auto",
-        "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
-    )
-    local_loop: str = _field(
-        "auto",
-        "local steps as a scan of fixed length, a while loop of the client's own "
-        "length, or one fused kernel per round for linear and MLP models on a GPU "
-        "(same result; auto: fused on GPU, scan on TPU, while on CPU)",
-        choices=("auto", "scan", "while", "fused"),
-    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """When and on which clients the model is evaluated."""
+
+    TITLE: ClassVar[str] = "evaluation"
+
     eval_every: int = _field(200, "evaluate every this many rounds", low=1)
     eval_clients: int | None = _field(
         None,
@@ -320,6 +362,25 @@ class _RunLevelSettings:
         "evaluate the training clients too (the train_* summaries, the training clients' rows of "
         "clients.csv and the table's train loss); off by default: they double the evaluation where it "
         "dominates a run",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """How the rounds are laid out and run, the seed, the output folder and its checkpoints."""
+
+    TITLE: ClassVar[str] = "execution, seed, output and checkpoints"
+
+    strategy: str = _field(
+        "auto",
+        "client batching: auto, vmap, sequential, chunked:K, sharded[:inner]",
+    )
+    local_loop: str = _field(
+        "auto",
+        "local steps as a scan of fixed length, a while loop of the client's own "
+        "length, or one fused kernel per round for linear and MLP models on a GPU "
+        "(same result; auto: fused on GPU, scan on TPU, while on CPU)",
+        choices=("auto", "scan", "while", "fused"),
     )
     seed: int = _field(
         0, "random seed (unset with a DP algorithm on the command line: drawn from the OS, so that the "
@@ -347,72 +408,163 @@ class _RunLevelSettings:
     keep_checkpoints: int = _field(2, "checkpoints kept in --out while the run goes on", low=1, high=100)
     progress: bool = _field(True, "show a progress bar")
 
-class _RunConfigMethods:
+
+def _algorithm_section(name: str, section: str, doc: str, title: str) -> type:
+    """The section of the algorithms' settings declared with `section` ('algorithm' or 'privacy'), in
+    registration order, each setting's help prefixed with the algorithms that read it.
+    """
+    cls = dataclasses.make_dataclass(
+        name,
+        [
+            (setting_name, setting.annotation,
+             setting.field(help=f"{', '.join(setting_users(setting_name))}: {setting.help}"))
+            for setting_name, setting in algorithm_settings().items()
+            if setting.section == section
+        ],
+        namespace={"TITLE": title},
+        frozen=True,
+    )
+    cls.__annotations__["TITLE"] = "ClassVar[str]"
+    cls.__module__ = __name__
+    cls.__doc__ = doc
+    return cls
+
+
+AlgorithmOptions = _algorithm_section(
+    "AlgorithmOptions", "algorithm",
+    "The algorithms' own settings, declared in their registry entries (`jaxfl.algorithms.registry`).",
+    "algorithm settings (each says which algorithms read it)",
+)
+PrivacySettings = _algorithm_section(
+    "PrivacySettings", "privacy",
+    "The differentially private algorithms' budget, clipping and noise, declared in their registry entries.",
+    "differential privacy",
+)
+
+# RunConfig's sections in `--help` order: attribute -> section class.
+SECTIONS: dict[str, type] = {
+    "data": DataSettings,
+    "network": NetworkSettings,
+    "local": LocalSettings,
+    "server": ServerSettings,
+    "options": AlgorithmOptions,
+    "personalization": PersonalizationSettings,
+    "robustness": RobustnessSettings,
+    "communication": CommunicationSettings,
+    "clock": ClockSettings,
+    "privacy": PrivacySettings,
+    "evaluation": EvaluationSettings,
+    "runtime": RuntimeSettings,
+}
+
+
+def _section(cls: type) -> dataclasses.Field:
+    return dataclasses.field(default_factory=cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run, in sections (`SECTIONS`): `config.local.lr`, `config.server.rounds`.
+
+    Each setting has one flat name, unique over the sections: its config-file
+    key and, with dashes, its flag (`clients_per_round` ->
+    `--clients-per-round`). Code that handles settings by name (files,
+    flags, sweep grids) goes through `from_settings`, `setting`, `replace`
+    and `to_dict`, which speak flat names; config files and config.json hold
+    flat names too.
+    """
+
+    TITLE: ClassVar[str] = "what runs"
+
+    task: str | None = _field(
+        None,
+        "a published protocol (`jaxfl list` shows them): sets dataset, model, optimizers, rounds, "
+        "cohort, batch and learning rates; other settings override it",
+        optional=True,
+        choices=TASK_PRESETS,
+    )
+    algorithm: str = _field(
+        "fedavg,deltafl",
+        "algorithm(s) to run, comma-separated to compare several",
+    )
+    data: DataSettings = _section(DataSettings)
+    network: NetworkSettings = _section(NetworkSettings)
+    local: LocalSettings = _section(LocalSettings)
+    server: ServerSettings = _section(ServerSettings)
+    options: AlgorithmOptions = _section(AlgorithmOptions)  # type: ignore[valid-type]
+    personalization: PersonalizationSettings = _section(PersonalizationSettings)
+    robustness: RobustnessSettings = _section(RobustnessSettings)
+    communication: CommunicationSettings = _section(CommunicationSettings)
+    clock: ClockSettings = _section(ClockSettings)
+    privacy: PrivacySettings = _section(PrivacySettings)  # type: ignore[valid-type]
+    evaluation: EvaluationSettings = _section(EvaluationSettings)
+    runtime: RuntimeSettings = _section(RuntimeSettings)
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> RunConfig:
+        """The config of these settings by flat name (unchecked; `make_config` checks), defaults elsewhere."""
+        unknown = sorted(set(values) - set(SECTION_OF))
+        if unknown:
+            raise ConfigError(
+                f"unknown setting {_shown(unknown[0])}; valid settings: {', '.join(sorted(FIELDS))}"
+            )
+        own = {name: value for name, value in values.items() if SECTION_OF[name] is None}
+        sections = {
+            section: section_class(**{
+                name: value for name, value in values.items() if SECTION_OF[name] == section
+            })
+            for section, section_class in SECTIONS.items()
+        }
+        return cls(**own, **sections)
+
+    def setting(self, name: str) -> Any:
+        """The value of the setting named `name` (flat name)."""
+        section = SECTION_OF[name]
+        return getattr(self if section is None else getattr(self, section), name)
+
+    def replace(self, **values: Any) -> RunConfig:
+        """A copy with these settings (flat names) replaced."""
+        return RunConfig.from_settings({**{name: self.setting(name) for name in SECTION_OF}, **values})
+
     @property
     def algorithms(self) -> list[str]:
         """The names of `algorithm`, in order."""
         return [name.strip() for name in self.algorithm.split(",") if name.strip()]
 
+    def flat(self) -> types.SimpleNamespace:
+        """The settings as attributes by flat name (`config.flat().lr`), for code that reads settings by
+        name without knowing the sections (`jaxfl.privacy`'s budgets); a copy.
+        """
+        return types.SimpleNamespace(**self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
-        """Field -> value, as config files and config.json hold them."""
-        out = dataclasses.asdict(self)
-        out["dataset_options"] = dict(self.dataset_options)
-        out["hidden_sizes"] = list(self.hidden_sizes)
+        """Flat name -> value, as config files and config.json hold them."""
+        out = {name: self.setting(name) for name in SECTION_OF}
+        out["dataset_options"] = dict(out["dataset_options"])
+        out["hidden_sizes"] = list(out["hidden_sizes"])
         return out
 
 
-# The sections of the settings (`jaxfl run --help` groups its flags so): each
-# run-level section runs from its first field to the next one's; the
-# algorithms' settings join the section their declaration names.
-_ALGORITHM_TITLE = "algorithm settings (each says which algorithms read it)"
-_PRIVACY_TITLE = "differential privacy"
-SECTIONS = (
-    ("what runs", "task"),
-    ("model", "model"),
-    ("training", "rounds"),
-    (_ALGORITHM_TITLE, None),
-    ("personalization", "client_state"),
-    ("robust aggregation and attacks", "aggregator"),
-    ("compressed updates", "compression"),
-    ("simulated clock", "availability"),
-    (_PRIVACY_TITLE, None),
-    ("execution", "strategy"),
-    ("evaluation", "eval_every"),
-    ("seed, output and checkpoints", "seed"),
-)
-# The section of each algorithm setting's declared `section`.
-_ALGORITHM_SECTIONS = {"algorithm": _ALGORITHM_TITLE, "privacy": _PRIVACY_TITLE}
+def _section_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if f.name not in SECTIONS)
 
-# The run-level fields first (as declared), then the algorithms' (in registration order), each
-# algorithm setting's help prefixed with the algorithms that read it.
-RunConfig = dataclasses.make_dataclass(
-    "RunConfig",
-    [
-        (name, setting.annotation, setting.field(help=f"{', '.join(setting_users(name))}: {setting.help}"))
-        for name, setting in algorithm_settings().items()
-    ],
-    bases=(_RunLevelSettings, _RunConfigMethods),
-    frozen=True,
-)
-RunConfig.__module__ = __name__
-RunConfig.__doc__ = """Everything that defines a run. Field names are the config-file keys;
-flags are the same names with dashes (`clients_per_round` -> `--clients-per-round`).
-"""
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+# Flat name -> the section holding it (None: RunConfig's own fields), and -> its field.
+SECTION_OF: dict[str, str | None] = {
+    **{f.name: None for f in _section_fields(RunConfig)},
+    **{f.name: section for section, cls in SECTIONS.items() for f in _section_fields(cls)},
+}
+FIELDS = {
+    f.name: f for cls in (RunConfig, *SECTIONS.values()) for f in _section_fields(cls)
+}
+DEFAULTS = RunConfig()
 
 
 def section_fields() -> dict[str, list[str]]:
-    """Section title -> its fields, in order (`SECTIONS`): run-level ones first, then the algorithms'."""
-    starts = {first: title for title, first in SECTIONS if first is not None}
-    sections: dict[str, list[str]] = {title: [] for title, _ in SECTIONS}
-    title = None
-    for field in dataclasses.fields(_RunLevelSettings):
-        title = starts.get(field.name, title)
-        sections[title].append(field.name)
-    for name, setting in algorithm_settings().items():
-        sections[_ALGORITHM_SECTIONS[setting.section]].append(name)
-    return sections
+    """Section title (`--help`'s groups) -> its settings' flat names, in order."""
+    return {
+        cls.TITLE: [f.name for f in _section_fields(cls)] for cls in (RunConfig, *SECTIONS.values())
+    }
 
 
 # Every integer setting is an int32 in the compiled round or a host-side
@@ -692,7 +844,7 @@ def make_config(
             options = dict(values.get("dataset_options") or {})  # Another dataset: its own options.
         implied.update(preset)
         values = {**preset, **values, "dataset_options": options}
-    dataset = values.get("dataset", RunConfig.dataset)
+    dataset = values.get("dataset", DEFAULTS.data.dataset)
     # A preset is a whole protocol: the dataset's quick-run defaults (e.g. a
     # local step cap) apply only when the command names another dataset.
     preset_dataset = values.get("task") is not None and dataset == preset["dataset"]
@@ -706,13 +858,12 @@ def make_config(
         implied = {**defaults, **implied}
         values = {**defaults, **values}
     checked = {name: check_value(name, value) for name, value in values.items()}
-    config = RunConfig(**checked)
-    defaults = RunConfig()
+    config = RunConfig.from_settings(checked)
     changed = {
         name
         for name in given
         if name != "dataset_options"
-        and checked[name] != implied.get(name, getattr(defaults, name))
+        and checked[name] != implied.get(name, DEFAULTS.setting(name))
     }
     check_settings(config)
     if on_warning is not None:
@@ -731,15 +882,15 @@ def implied_setting(config: RunConfig, name: str) -> Any:
         preset = preset_settings(config.task)
         if name in preset:
             return preset[name]
-        if config.dataset == preset["dataset"]:
-            return getattr(RunConfig(), name)
+        if config.data.dataset == preset["dataset"]:
+            return DEFAULTS.setting(name)
     from jaxfl.data.registry import dataset_run_defaults
 
     try:
-        defaults = dataset_run_defaults(config.dataset)
+        defaults = dataset_run_defaults(config.data.dataset)
     except ValueError:
         defaults = {}
-    return defaults.get(name, getattr(RunConfig(), name))
+    return defaults.get(name, DEFAULTS.setting(name))
 
 
 # What algorithms whose local training is one full-batch step do not use
@@ -776,7 +927,8 @@ def check_settings(config: RunConfig) -> None:
     Raises:
       ConfigError: the first refused combination.
     """
-    names = [name.strip() for name in config.algorithm.split(",")]
+    settings = config.flat()  # Its messages name settings by their flat names.
+    names = [name.strip() for name in settings.algorithm.split(",")]
     if any(not name for name in names):
         raise ConfigError(
             f"algorithm must be comma-separated names without empty entries, got {_shown(config.algorithm)}"
@@ -784,40 +936,42 @@ def check_settings(config: RunConfig) -> None:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ConfigError(f"algorithm names {repeated[0]} twice in {_shown(config.algorithm)}")
-    chunk = _strategy_chunk(config.strategy)
+    chunk = _strategy_chunk(settings.strategy)
     if chunk is not None and not (chunk.isdigit() and 1 <= int(chunk) <= INT32_MAX):
         raise ConfigError(
-            f"strategy {_shown(config.strategy)}: the chunk size K must be an integer in [1, {INT32_MAX}]"
+            f"strategy {_shown(settings.strategy)}: the chunk size K must be an integer in [1, {INT32_MAX}]"
         )
-    if config.finetune_ewc is not None and not config.finetune_epochs:
+    if settings.finetune_ewc is not None and not settings.finetune_epochs:
         raise ConfigError("finetune_ewc fine-tunes with EWC's penalty: it needs finetune_epochs >= 1")
-    if config.finetune_skl is not None and not config.finetune_epochs:
+    if settings.finetune_skl is not None and not settings.finetune_epochs:
         raise ConfigError("finetune_skl fine-tunes with the symmetrized KL: it needs finetune_epochs >= 1")
-    if config.finetune_skl is not None and config.finetune_ewc is not None:
+    if settings.finetune_skl is not None and settings.finetune_ewc is not None:
         raise ConfigError("finetune_ewc and finetune_skl are two fine-tuning penalties: choose one")
     dp_algorithms = [name for name in names if name in PRIVATE_ALGORITHMS]
-    if dp_algorithms and config.dp_noise_multiplier is not None and config.epsilon != RunConfig.epsilon:
+    noise_given = settings.dp_noise_multiplier is not None
+    if dp_algorithms and noise_given and settings.epsilon != DEFAULTS.privacy.epsilon:
         raise ConfigError(
-            f"epsilon={config.epsilon:g} and dp_noise_multiplier={config.dp_noise_multiplier:g} conflict: "
+            f"epsilon={settings.epsilon:g} and dp_noise_multiplier={settings.dp_noise_multiplier:g} "
+            "conflict: "
             f"a given noise multiplier fixes {', '.join(dp_algorithms)}'s noise and epsilon is then only "
             "reported, not met; give one of them"
         )
-    if "deltafl" in names and config.reweighting == "dp":
+    if "deltafl" in names and settings.reweighting == "dp":
         from jaxfl.primitives.dp_quantile import MAX_MODULUS, dp_quantile_modulus
 
-        scale = config.dp_scale
+        scale = settings.dp_scale
         needed = dp_quantile_modulus(
-            config.dp_bins, config.clients_per_round, config.dp_sigma, scale, _DELTAFL_DP_WRAP_DELTA
+            settings.dp_bins, settings.clients_per_round, settings.dp_sigma, scale, _DELTAFL_DP_WRAP_DELTA
         )
-        if needed > min(2**config.dp_bits, MAX_MODULUS):
+        if needed > min(2**settings.dp_bits, MAX_MODULUS):
             bits = math.ceil(math.log2(needed))
             advice = (
                 f"use dp_bits >= {bits}" if bits <= 32 else "lower dp_scale, dp_sigma or clients_per_round"
             )
             raise ConfigError(
-                f"deltafl --reweighting dp: dp_bits={config.dp_bits} gives a ring of 2^{config.dp_bits}, "
-                f"smaller than the {needed} that the secure sum of {config.clients_per_round} clients' "
-                f"histograms (dp_scale={scale}, dp_sigma={config.dp_sigma:g}) needs to avoid wraparound "
+                f"deltafl --reweighting dp: dp_bits={settings.dp_bits} gives a ring of 2^{settings.dp_bits}, "
+                f"smaller than the {needed} that the secure sum of {settings.clients_per_round} clients' "
+                f"histograms (dp_scale={scale}, dp_sigma={settings.dp_sigma:g}) needs to avoid wraparound "
                 "(the modulus of Pillutla et al. 2023, Theorem 6, "
                 f"at delta={_DELTAFL_DP_WRAP_DELTA:g}): {advice}"
             )
@@ -831,32 +985,33 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
     `jaxfl.experiment.runner.setup`; these are the ones that depend on other
     settings.
     """
+    settings = config.flat()  # Its messages name settings by their flat names.
     messages = []
     names = config.algorithms
-    if "lr_decay_period" in changed and config.lr_decay == 1.0:
+    if "lr_decay_period" in changed and settings.lr_decay == 1.0:
         messages.append(
-            f"lr_decay_period={config.lr_decay_period} is not used: lr_decay is 1 (a constant "
+            f"lr_decay_period={settings.lr_decay_period} is not used: lr_decay is 1 (a constant "
             "learning rate); ignored"
         )
-    elif config.lr_decay != 1.0 and config.lr_decay_period >= config.rounds and (
+    elif settings.lr_decay != 1.0 and settings.lr_decay_period >= settings.rounds and (
         {"lr_decay", "lr_decay_period", "rounds"} & set(changed)
     ):
         messages.append(
-            f"lr_decay={config.lr_decay:g} never applies: the first decay is at round "
-            f"lr_decay_period={config.lr_decay_period}, and the run has rounds={config.rounds}; ignored"
+            f"lr_decay={settings.lr_decay:g} never applies: the first decay is at round "
+            f"lr_decay_period={settings.lr_decay_period}, and the run has rounds={settings.rounds}; ignored"
         )
-    if config.compression is None:
+    if settings.compression is None:
         for name in ("compression_bits", "compression_fraction", "compression_bucket",
                      "compression_rotation", "error_feedback"):
             if name in changed:
                 messages.append(f"{name} is an option of --compression, which is unset; ignored")
-    elif config.compression == "qsgd" and "compression_fraction" in changed:
+    elif settings.compression == "qsgd" and "compression_fraction" in changed:
         messages.append("compression_fraction is rand-k's and top-k's; qsgd sends every coordinate; ignored")
-    elif config.compression != "qsgd":
+    elif settings.compression != "qsgd":
         for name in ("compression_bits", "compression_bucket"):
             if name in changed:
-                messages.append(f"{name} is qsgd's; {config.compression} does not quantize; ignored")
-    if config.availability is None:
+                messages.append(f"{name} is qsgd's; {settings.compression} does not quantize; ignored")
+    if settings.availability is None:
         clock_settings = (
             "availability_period", "diurnal_hours", "device_profiles", "overselect", "report_deadline",
         )  # fmt: skip
@@ -865,17 +1020,17 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
                 messages.append(
                     f"{name} is a setting of the simulated clock, which --availability turns on; ignored"
                 )
-    if "eval_every" in changed and config.eval_every > config.rounds:
+    if "eval_every" in changed and settings.eval_every > settings.rounds:
         messages.append(
-            f"eval_every={config.eval_every} is more than rounds={config.rounds}: the run is evaluated "
+            f"eval_every={settings.eval_every} is more than rounds={settings.rounds}: the run is evaluated "
             "only after its last round"
         )
-    if "deltafl" in names and "dp-deltafl" not in names and config.reweighting != "dp":
+    if "deltafl" in names and "dp-deltafl" not in names and settings.reweighting != "dp":
         for name in ("dp_bins", "dp_bits"):
             if name in changed:
                 messages.append(
                     f"{name} is used by deltafl only with --reweighting dp (reweighting is "
-                    f"{config.reweighting}); ignored"
+                    f"{settings.reweighting}); ignored"
                 )
     if full_batch_only(config):
         for name in _FULL_BATCH_SETTINGS:
@@ -884,26 +1039,27 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
                     f"{name} is not used by {', '.join(names)} (one full-batch gradient step per "
                     "client); ignored"
                 )
-    chunk = _strategy_chunk(config.strategy)
-    if config.strategy.startswith("chunked") and chunk is not None and int(chunk) >= config.clients_per_round:
+    chunk = _strategy_chunk(settings.strategy)
+    whole_cohort = chunk is not None and int(chunk) >= settings.clients_per_round
+    if settings.strategy.startswith("chunked") and whole_cohort:
         messages.append(
-            f"strategy {config.strategy} trains all clients_per_round={config.clients_per_round} clients "
+            f"strategy {settings.strategy} trains all clients_per_round={settings.clients_per_round} clients "
             "at once, as vmap does"
         )
-    if "hidden_sizes" in changed and config.model != "mlp":
-        messages.append(f"hidden_sizes is used by model mlp only, not {config.model}; ignored")
-    if "embedding_dim" in changed and config.model != "embedding-bag":
-        messages.append(f"embedding_dim is used by model embedding-bag only, not {config.model}; ignored")
-    if "dp-fedadam" in names and config.server_lr > 0.1:
+    if "hidden_sizes" in changed and settings.model != "mlp":
+        messages.append(f"hidden_sizes is used by model mlp only, not {settings.model}; ignored")
+    if "embedding_dim" in changed and settings.model != "embedding-bag":
+        messages.append(f"embedding_dim is used by model embedding-bag only, not {settings.model}; ignored")
+    if "dp-fedadam" in names and settings.server_lr > 0.1:
         messages.append(
-            f"dp-fedadam runs adam with server_lr={config.server_lr:g} (shared by the run's algorithms): "
+            f"dp-fedadam runs adam with server_lr={settings.server_lr:g} (shared by the run's algorithms): "
             "adam moves every coordinate by about that much per round, far above the 0.003-0.03 that "
             "trained in docs/private-optimizers.md; give --server-lr"
         )
     if (
         "dp-deltafl" in names
         and "dp_quantile_ratio" in changed
-        and config.dp_quantile_sigma is not None
+        and settings.dp_quantile_sigma is not None
     ):
         messages.append(
             "dp_quantile_ratio is not used: dp_quantile_sigma sets the quantile's noise; ignored"
@@ -914,7 +1070,9 @@ def setting_warnings(config: RunConfig, changed: Collection[str]) -> list[str]:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Reads a JSON (.json) or TOML (any other suffix) config file.
 
-    Keys are field names; dashes are accepted for underscores. Every value
+    Keys are settings' flat names (dashes are accepted for underscores), at
+    the top level or inside a table named after their section of `RunConfig`
+    (`[local]`, `[server]`, ...: `SECTIONS`). Every value
     is checked on its own (`check_value`), so that a bad value in the file
     is reported even where a flag overrides it.
 
@@ -951,14 +1109,34 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{where} holds no settings")
     settings: dict[str, Any] = {}
     spelled: dict[str, str] = {}
-    for key, value in data.items():
+    for key, value, section in _file_entries(data, where):
         name = key.replace("-", "_")
         if name in settings:
             raise ConfigError(f"{where} sets {name} twice ({spelled[name]!r} and {key!r})")
+        if section is not None and name in SECTION_OF and SECTION_OF[name] != section:
+            home = SECTION_OF[name] or "the top level"
+            raise ConfigError(f"{where}: {name} is a setting of {home}, not of section {section}")
         try:
             check_value(name, value)
         except ConfigError as error:
             raise ConfigError(f"{where}: {error}") from None
         settings[name] = value
         spelled[name] = key
+    if not settings:
+        raise ConfigError(f"{where} holds no settings")  # Empty section tables only.
     return settings
+
+
+def _file_entries(data: Mapping[str, Any], where: str):
+    """(key, value, section or None) of a config file's table: a key naming a section
+    (`[local]` in TOML) holds that section's settings.
+    """
+    for key, value in data.items():
+        section = key.replace("-", "_")
+        if section not in SECTIONS:
+            yield key, value, None
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key} is a section: it must hold a table of its settings")
+        for name, inner in value.items():
+            yield name, inner, section

@@ -32,7 +32,7 @@ def evaluation_config(saved: SavedModel, dataset: str | None, data_dir: str | No
                       dataset_options: dict[str, Any] | None) -> RunConfig:
     """The saved run's config with the population to evaluate on swapped in."""
     values = saved.config.to_dict()
-    if dataset is not None and dataset != saved.config.dataset:
+    if dataset is not None and dataset != saved.config.data.dataset:
         values["dataset"] = dataset
         values["dataset_options"] = {}
     if dataset_options is not None:
@@ -50,19 +50,20 @@ def evaluate_model(saved: SavedModel, config: RunConfig) -> tuple[dict, dict]:
       ConfigError: the dataset's examples do not fit the model (input shape,
         classes or targets).
     """
+    data = config.data
     try:
-        dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+        dataset = load_dataset(data.dataset, data_dir=data.data_dir, **data.dataset_options)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
     if tuple(dataset.input_shape) != tuple(saved.build["input_shape"]):
         raise ConfigError(
-            f"dataset {config.dataset} has inputs of shape {list(dataset.input_shape)} and the model was "
+            f"dataset {data.dataset} has inputs of shape {list(dataset.input_shape)} and the model was "
             f"trained on {saved.build['input_shape']}"
         )
     check_model_fits_targets(saved.model, dataset, config)
-    dataset, _ = place_dataset(dataset, config.residency)
+    dataset, _ = place_dataset(dataset, data.residency)
     task = Task(saved.model, excluded_target_ids=dataset.excluded_target_ids)
-    evaluate = make_evaluator(task, dataset, config.client_weighting)
+    evaluate = make_evaluator(task, dataset, config.server.client_weighting)
     return evaluate(jax.device_put(saved.params))
 
 
@@ -98,8 +99,8 @@ def evaluate_main(
             output.abandon()
             raise
     first = configs[names[0]]
-    options = f" {dict(first.dataset_options)}" if first.dataset_options else ""
-    print(f"saved model(s) of {directory} evaluated on {first.dataset}{options}")
+    options = f" {dict(first.data.dataset_options)}" if first.data.dataset_options else ""
+    print(f"saved model(s) of {directory} evaluated on {first.data.dataset}{options}")
     print(format_table({name: summaries for name, (summaries, _) in results.items()}))
     if output is not None:
         print(f"results in {output.path}")

@@ -277,15 +277,15 @@ def evaluation_clients(run_setup) -> dict[str, np.ndarray]:
     that go with the test clients under personal splits (`make_evaluator`).
     """
     config = run_setup.config
-    if config.eval_clients is None:
+    if config.evaluation.eval_clients is None:
         return {}
-    return evaluation_sample(run_setup.dataset, config.eval_clients, config.seed)
+    return evaluation_sample(run_setup.dataset, config.evaluation.eval_clients, config.runtime.seed)
 
 
 def evaluated_sample(run_setup) -> dict[str, np.ndarray]:
     """`evaluation_clients` of the populations evaluated."""
     sample = evaluation_clients(run_setup)
-    if not run_setup.config.eval_train:
+    if not run_setup.config.evaluation.eval_train:
         sample.pop("train", None)
     return sample
 

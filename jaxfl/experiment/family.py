@@ -110,26 +110,26 @@ def run_family_main(config: RunConfig, thetas: Sequence[float], selection_fracti
         raise ConfigError("family trains Δ-FL models: use --algorithm deltafl (the default here)")
     if not thetas:
         raise ConfigError("family needs --thetas THETA1,THETA2,...")
-    if config.theta != implied_setting(config, "theta"):
+    if config.options.theta != implied_setting(config, "theta"):
         defer_warning(
-            f"theta={config.theta:g} is not used: the family trains one model per --thetas; ignored"
+            f"theta={config.options.theta:g} is not used: the family trains one model per --thetas; ignored"
         )
     run_setup = setup(config)
     output = None
-    if config.out is not None:
-        output = OutputDirectory(config.out, overwrite=config.overwrite, command="family")
+    if config.runtime.out is not None:
+        output = OutputDirectory(config.runtime.out, overwrite=config.runtime.overwrite, command="family")
     # Serving reads every test client on the device.
     test = place_population(run_setup.dataset.test, "device")
-    selection, evaluation = split_clients(test, selection_fraction, config.seed)
-    points = [SweepPoint({"theta": float(theta)}, seed=config.seed) for theta in thetas]
-    with tqdm(total=config.rounds, desc=f"deltafl family ({len(points)} models)",
-              unit="round", disable=not config.progress, file=sys.stderr) as bar:
+    selection, evaluation = split_clients(test, selection_fraction, config.runtime.seed)
+    points = [SweepPoint({"theta": float(theta)}, seed=config.runtime.seed) for theta in thetas]
+    with tqdm(total=config.server.rounds, desc=f"deltafl family ({len(points)} models)",
+              unit="round", disable=not config.runtime.progress, file=sys.stderr) as bar:
         results = run_sweep(run_setup, "deltafl", points, progress=bar)
     stacked = jax.tree.map(lambda *p: jnp.stack(p), *[r.state.params for r in results])
     family = serve_family(run_setup.engine.task, stacked, thetas, selection, evaluation)
     rows = family_table(family)
     if output is not None:
-        staging = output.open(rounds=config.rounds)
+        staging = output.open(rounds=config.server.rounds)
         try:
             write_json(staging / "config.json", {**config.to_dict(), "thetas": list(thetas),
                                                  "selection_fraction": selection_fraction})

@@ -15,16 +15,16 @@ from jaxfl.experiment.config import RunConfig
 
 def local_hparams(config: RunConfig) -> dict[str, float]:
     return {
-        "lr": config.lr,
-        "lr_decay": config.lr_decay,
-        "lr_decay_period": float(config.lr_decay_period),
-        "l2": config.l2,
+        "lr": config.local.lr,
+        "lr_decay": config.local.lr_decay,
+        "lr_decay_period": float(config.local.lr_decay_period),
+        "l2": config.local.l2,
     }
 
 
 def algorithm_options(config: RunConfig, name: str) -> dict[str, Any]:
     """The static options of algorithm `name`, read from the run's settings."""
-    return {option: getattr(config, option) for option in algorithm_spec(name).options}
+    return {option: config.setting(option) for option in algorithm_spec(name).options}
 
 
 def algorithm_hparams(
@@ -37,7 +37,7 @@ def algorithm_hparams(
     """
     values = {**local_hparams(config)}
     for field in hparam_fields(name, algorithm):
-        value = getattr(config, field)
+        value = config.setting(field)
         if value is not None and field not in values:
             values[field] = float(value)
     return values

@@ -112,10 +112,11 @@ def truncate_metrics(path: Path, last_round: int | None) -> None:
 
 def sampling_secrecy(config: RunConfig) -> str:
     """What the observer's epsilon assumes of the cohort sampling, and whether this run's holds it."""
-    if config.seed_drawn:
+    runtime = config.runtime
+    if runtime.seed_drawn:
         return "its seed was drawn from the OS: keep config.json private"
     return (
-        f"the seed {config.seed} was given: it fixes the cohorts and the noise, so neither epsilon holds "
+        f"the seed {runtime.seed} was given: it fixes the cohorts and the noise, so neither epsilon holds "
         "against whoever knows it; leave --seed unset to draw a secret one"
     )
 
@@ -175,19 +176,19 @@ def warn_empty_rounds(name: str, summary: dict[str, Any]) -> None:
 def run_main(config: RunConfig, *, resume: bool = False) -> int:
     """Runs the configured algorithms; returns the process exit status.
 
-    With `resume`, `config` is the saved one of `config.out`'s unfinished
+    With `resume`, `config` is the saved one of `config.runtime.out`'s unfinished
     run, whose finished algorithms are read back and whose others continue
     from their latest checkpoints.
     """
     output = None
-    if config.out is not None:
-        output = OutputDirectory(config.out, overwrite=config.overwrite, resuming=resume)
+    if config.runtime.out is not None:
+        output = OutputDirectory(config.runtime.out, overwrite=config.runtime.overwrite, resuming=resume)
     run_setup = setup(config)
     names = config.algorithms
     print(run_header(run_setup, config), flush=True)
     staging = None
     if output is not None:
-        staging = output.start(resume=resume, rounds=config.rounds, config=config.to_dict())
+        staging = output.start(resume=resume, rounds=config.server.rounds, config=config.to_dict())
     results: dict[str, RunResult] = {}
     current = None
     try:
@@ -237,7 +238,7 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
     on_evaluation = on_checkpoint = None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
-        checkpoints = RunCheckpoints(directory / CHECKPOINTS, keep=config.keep_checkpoints)
+        checkpoints = RunCheckpoints(directory / CHECKPOINTS, keep=config.runtime.keep_checkpoints)
         metrics_path = directory / "metrics.jsonl"
         if not resume:
             truncate_metrics(metrics_path, None)
@@ -250,7 +251,7 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
 
     try:
         with tqdm(
-            total=config.rounds, desc=name, unit="round", disable=not config.progress,
+            total=config.server.rounds, desc=name, unit="round", disable=not config.runtime.progress,
             file=sys.stderr, dynamic_ncols=True,
         ) as bar:
             result = run_algorithm(
@@ -266,8 +267,7 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
     if directory is not None:
         algorithm_config = config
         if len(names) > 1:
-            algorithm_config = RunConfig(**{**config.to_dict(), "algorithm": name,
-                                            "hidden_sizes": config.hidden_sizes})
+            algorithm_config = config.replace(algorithm=name)
         write_result(directory, algorithm_config, result, run_setup)
     return result
 
@@ -275,14 +275,14 @@ def _run_one(run_setup, name: str, staging: Path | None, output, resume: bool) -
 def _interrupted(output, config: RunConfig, name: str | None, stop: RunInterrupted) -> int:
     if output is None:
         print(
-            f"jaxfl: interrupted at round {stop.round} of {config.rounds} ({name}); nothing saved "
+            f"jaxfl: interrupted at round {stop.round} of {config.server.rounds} ({name}); nothing saved "
             "(no --out)",
             file=sys.stderr,
         )
     else:
         output.keep("interrupted", round=stop.round, algorithm=name)
         print(
-            f"jaxfl: interrupted at round {stop.round} of {config.rounds} ({name}); checkpoint in "
+            f"jaxfl: interrupted at round {stop.round} of {config.server.rounds} ({name}); checkpoint in "
             f"{output.staging}; continue with: jaxfl run --resume {output.path}",
             file=sys.stderr,
         )
@@ -293,9 +293,9 @@ def run_header(run_setup, config: RunConfig) -> str:
     """What is about to run, printed before it runs: data, layout, algorithms, attack and aggregator."""
     dataset = run_setup.dataset
     lines = [
-        f"{config.dataset}: {dataset.train.num_clients} training / "
-        f"{dataset.test.num_clients} test clients, {config.rounds} rounds, "
-        f"{config.clients_per_round} clients per round, strategy "
+        f"{config.data.dataset}: {dataset.train.num_clients} training / "
+        f"{dataset.test.num_clients} test clients, {config.server.rounds} rounds, "
+        f"{config.server.clients_per_round} clients per round, strategy "
         f"{run_setup.engine.strategy.describe()}",
         placement_line(run_setup),
     ]
@@ -307,8 +307,8 @@ def run_header(run_setup, config: RunConfig) -> str:
             f"attack {attack['attack']}{data} by {attack['corrupted_clients']} corrupted clients; "
             "summaries over the benign ones"
         )
-    if config.aggregator != "mean":
-        robustness.append(f"aggregator {config.aggregator}")
+    if config.robustness.aggregator != "mean":
+        robustness.append(f"aggregator {config.robustness.aggregator}")
     details = f": {'; '.join(robustness)}" if robustness else ""
     lines.append(f"running {', '.join(config.algorithms)}{details}")
     sampled = evaluation_line(run_setup)
@@ -353,7 +353,7 @@ def _print_results(run_setup, config: RunConfig, results: dict[str, RunResult]) 
         speed = result.timing.get("rounds_per_s")
         speed_text = f"{speed:.1f} rounds/s" if speed else "n/a"
         print(f"{name}: {speed_text}; {timing_text(result.timing)}")
-    if config.compression is not None:
+    if config.communication.compression is not None:
         for name, result in results.items():
             line = traffic_text(result.summary)
             if line is not None:

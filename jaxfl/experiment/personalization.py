@@ -41,11 +41,12 @@ def finetuned_models(run_setup: Setup, state: ServerState, run_key) -> Any:
     models (`personal_*` summaries and columns).
     """
     config, engine = run_setup.config, run_setup.engine
-    local = dataclasses.replace(engine.local, num_epochs=config.finetune_epochs, max_steps=None)
+    personalization = config.personalization
+    local = dataclasses.replace(engine.local, num_epochs=personalization.finetune_epochs, max_steps=None)
     population = place_population(run_setup.dataset.train, "device")
     lr = local_learning_rate(state.hparams, state.round)
-    ewc_lam = None if config.finetune_ewc is None else jnp.float32(config.finetune_ewc)
-    skl_lam = None if config.finetune_skl is None else jnp.float32(config.finetune_skl)
+    ewc_lam = None if personalization.finetune_ewc is None else jnp.float32(personalization.finetune_ewc)
+    skl_lam = None if personalization.finetune_skl is None else jnp.float32(personalization.finetune_skl)
     return _finetune(
         engine.task, local, engine.strategy, state.params, population,
         jax.random.fold_in(run_key, FINETUNE_STREAM), lr, ewc_lam=ewc_lam, skl_lam=skl_lam,
@@ -81,7 +82,7 @@ def after_training_models(
     """
     if algorithm.personalize is not None:
         return personalized_models(run_setup, algorithm, state, batched=batched)
-    if not run_setup.config.finetune_epochs or jax.tree.leaves(state.clients):
+    if not run_setup.config.personalization.finetune_epochs or jax.tree.leaves(state.clients):
         return None
     if not batched:
         return finetuned_models(run_setup, state, run_key)

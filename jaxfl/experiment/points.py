@@ -134,26 +134,27 @@ def batched_evaluator(run_setup: Setup) -> Callable:
         personal_evaluation_group(engine.strategy),
         engine.strategy.mesh,
         None if corrupted is None else corrupted.tobytes(),
-        run_setup.config.eval_clients,
-        run_setup.config.eval_train,
-        run_setup.config.seed,
+        run_setup.config.evaluation.eval_clients,
+        run_setup.config.evaluation.eval_train,
+        run_setup.config.runtime.seed,
     )
     if key not in evaluators:
         # The corrupted clients depend on the dataset's setup (seed, attack), as the dataset does.
         evaluators[key] = make_evaluator(
             engine.task, dataset, engine.client_weighting, batched=True, corrupted=run_setup.corrupted,
             personal_group=personal_evaluation_group(engine.strategy), sample=evaluation_clients(run_setup),
-            train=run_setup.config.eval_train, mesh=engine.strategy.mesh,
+            train=run_setup.config.evaluation.eval_train, mesh=engine.strategy.mesh,
         )
     return evaluators[key]
 
 
 def check_client_state(run_setup: Setup, name: str) -> None:
     """A one-line ConfigError when a sweep of `name` would need host-resident personal models."""
+    personalization = run_setup.config.personalization
     if run_setup.engine.strategy.host_client_state and name in CLIENT_STATE_ALGORITHMS:
         why = (
             "--client-state auto chose host memory, as the personal models fit the devices neither "
-            "replicated nor split" if run_setup.config.client_state == "auto" else "--client-state host"
+            "replicated nor split" if personalization.client_state == "auto" else "--client-state host"
         )
         raise ConfigError(
             f"a sweep of {name} keeps its points' personal models on the device, but {why}: "

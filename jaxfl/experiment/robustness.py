@@ -46,41 +46,46 @@ POISON_STREAM = 0x504F4953
 
 def run_aggregator(config: RunConfig):
     """The aggregator of the run's settings (`jaxfl.aggregators.aggregator`)."""
+    robustness = config.robustness
     options = {
-        "trimmed-mean": {"beta": config.trim_fraction},
-        "krum": {"byzantine": config.byzantine},
-        "multi-krum": {"byzantine": config.byzantine, "selected": config.krum_selected},
-        "k-norm": {"byzantine": config.byzantine},
-        "k-loss": {"byzantine": config.byzantine},
-        "centered-clipping": {"radius": config.clipping_radius, "iterations": config.clipping_iterations},
-        "geometric-median": {
-            "nu": config.weiszfeld_smoothing,
-            "max_iterations": config.weiszfeld_iterations,
-            "ftol": config.weiszfeld_tolerance,
+        "trimmed-mean": {"beta": robustness.trim_fraction},
+        "krum": {"byzantine": robustness.byzantine},
+        "multi-krum": {"byzantine": robustness.byzantine, "selected": robustness.krum_selected},
+        "k-norm": {"byzantine": robustness.byzantine},
+        "k-loss": {"byzantine": robustness.byzantine},
+        "centered-clipping": {
+            "radius": robustness.clipping_radius, "iterations": robustness.clipping_iterations
         },
-    }.get(config.aggregator, {})
+        "geometric-median": {
+            "nu": robustness.weiszfeld_smoothing,
+            "max_iterations": robustness.weiszfeld_iterations,
+            "ftol": robustness.weiszfeld_tolerance,
+        },
+    }.get(robustness.aggregator, {})
     try:
-        return aggregator(config.aggregator, **options)
+        return aggregator(robustness.aggregator, **options)
     except ValueError as error:
         raise ConfigError(f"aggregator: {str(error).splitlines()[0]}") from None
 
 
 def update_attack_options(config: RunConfig) -> dict[str, Any]:
     """The update attack's options from the run's settings."""
+    robustness = config.robustness
     return {
-        "model-replacement": {"scale": config.attack_scale},
-        "sign-flip": {"scale": 1.0 if config.attack_scale is None else config.attack_scale},
-        "gaussian": {"std": config.attack_std},
-        "ipm": {"epsilon": config.attack_epsilon},
-        "alie": {"z": config.alie_z},
-    }.get(config.attack, {})
+        "model-replacement": {"scale": robustness.attack_scale},
+        "sign-flip": {"scale": 1.0 if robustness.attack_scale is None else robustness.attack_scale},
+        "gaussian": {"std": robustness.attack_std},
+        "ipm": {"epsilon": robustness.attack_epsilon},
+        "alie": {"z": robustness.alie_z},
+    }.get(robustness.attack, {})
 
 
 def corrupted_training_clients(config: RunConfig, population) -> np.ndarray:
     """`[N]` bool: the run's corrupted training clients (chosen once, from the seed)."""
-    key = jax.random.fold_in(jax.random.key(config.seed), CORRUPTION_STREAM)
+    robustness = config.robustness
+    key = jax.random.fold_in(jax.random.key(config.runtime.seed), CORRUPTION_STREAM)
     counts = np.asarray(population.counts)
-    return corrupted_clients(key, counts, config.attack_fraction, unit=config.attack_unit)
+    return corrupted_clients(key, counts, robustness.attack_fraction, unit=robustness.attack_unit)
 
 
 def poisoned_population(
@@ -117,19 +122,20 @@ def run_robustness(
     Raises:
       ConfigError: an invalid aggregator or attack setting.
     """
-    aggregate = run_aggregator(config) if config.aggregator != "mean" else None
-    if config.attack is None:
-        if config.attack_data is not None:
+    aggregate = run_aggregator(config) if config.robustness.aggregator != "mean" else None
+    if config.robustness.attack is None:
+        if config.robustness.attack_data is not None:
             raise ConfigError("attack_data needs an update attack (--attack NAME)")
         return (Robustness(aggregator=aggregate) if aggregate else None), dataset, None
-    data_attack = config.attack if config.attack in DATA_ATTACKS else config.attack_data
-    update_attack = None if config.attack in DATA_ATTACKS else config.attack
-    if config.attack in DATA_ATTACKS and config.attack_data is not None:
-        raise ConfigError(f"attack_data is for update attacks; {config.attack} is a data attack already")
+    robustness = config.robustness
+    data_attack = robustness.attack if robustness.attack in DATA_ATTACKS else robustness.attack_data
+    update_attack = None if config.robustness.attack in DATA_ATTACKS else config.robustness.attack
+    if config.robustness.attack in DATA_ATTACKS and config.robustness.attack_data is not None:
+        raise ConfigError(f"attack_data is for update attacks; {robustness.attack} is a data attack already")
     try:
         corrupted = corrupted_training_clients(config, dataset.train)
         if data_attack is not None:
-            key = jax.random.fold_in(jax.random.key(config.seed), POISON_STREAM)
+            key = jax.random.fold_in(jax.random.key(config.runtime.seed), POISON_STREAM)
             train = poisoned_population(dataset.train, corrupted, data_attack, dataset.num_classes, key)
             dataset = dataclasses.replace(dataset, train=train)
     except ValueError as error:
@@ -148,10 +154,10 @@ def attack_record(config: RunConfig, corrupted: np.ndarray | None) -> dict[str, 
     if corrupted is None:
         return None
     return {
-        "attack": config.attack,
-        "attack_data": config.attack_data,
-        "fraction": config.attack_fraction,
-        "unit": config.attack_unit,
+        "attack": config.robustness.attack,
+        "attack_data": config.robustness.attack_data,
+        "fraction": config.robustness.attack_fraction,
+        "unit": config.robustness.attack_unit,
         "corrupted_clients": int(corrupted.sum()),
         "summaries_over": "benign clients (the corrupted ones are marked in clients.csv)",
     }

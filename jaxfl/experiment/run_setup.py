@@ -39,7 +39,7 @@ from jaxfl.data.population import FederatedDataset
 from jaxfl.data.registry import load_dataset
 from jaxfl.data.splits import split_client_examples
 from jaxfl.experiment.checks import check_round_fits, choose_client_state, data_warnings
-from jaxfl.experiment.config import ConfigError, RunConfig, held_warnings, warn
+from jaxfl.experiment.config import DEFAULTS, ConfigError, RunConfig, held_warnings, warn
 
 # The settings of a built algorithm; also imported from here.
 from jaxfl.experiment.hparams import algorithm_hparams, algorithm_options
@@ -67,12 +67,14 @@ class Setup:
 
 def asynchronous_warmup(config: RunConfig, name: str, num_clients: int) -> int:
     """The first server steps of an asynchronous algorithm that only start clients (0 for the others)."""
+    options = config.options
     if name not in ASYNCHRONOUS_ALGORITHMS:
         return 0
     from jaxfl.algorithms.fedbuff import concurrency
 
-    arrivals = algorithm_spec(name).step_arrivals(config.clients_per_round)
-    return concurrency({"concurrency": config.concurrency}, config.clients_per_round, num_clients) // arrivals
+    arrivals = algorithm_spec(name).step_arrivals(config.server.clients_per_round)
+    cohort = config.server.clients_per_round
+    return concurrency({"concurrency": options.concurrency}, cohort, num_clients) // arrivals
 
 
 # fold_in data of the run key's clock stream (device profiles, diurnal start hours).
@@ -117,17 +119,18 @@ def choose_local_loop(text: str) -> str:
 
 def run_compression(config: RunConfig, num_clients: int) -> UpdateCompression | None:
     """The run's update compression (`--compression` and its options), or None."""
-    if config.compression is None:
+    communication = config.communication
+    if communication.compression is None:
         return None
     try:
         return UpdateCompression(
-            config.compression,
-            bits=config.compression_bits,
-            fraction=config.compression_fraction,
-            bucket_size=config.compression_bucket if config.compression == "qsgd" else None,
-            rotation=config.compression_rotation,
-            error_feedback=config.error_feedback,
-            num_clients=num_clients if config.error_feedback else None,
+            communication.compression,
+            bits=communication.compression_bits,
+            fraction=communication.compression_fraction,
+            bucket_size=communication.compression_bucket if communication.compression == "qsgd" else None,
+            rotation=communication.compression_rotation,
+            error_feedback=communication.error_feedback,
+            num_clients=num_clients if communication.error_feedback else None,
         )
     except ValueError as error:
         raise ConfigError(f"compression: {error}") from None
@@ -149,7 +152,7 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
         ever report.
     """
     asynchronous = [name for name in config.algorithms if name in ASYNCHRONOUS_ALGORITHMS]
-    if config.availability is None and not asynchronous:
+    if config.clock.availability is None and not asynchronous:
         return None
     if placement is not None and placement.residency == "host":
         raise ConfigError(
@@ -162,20 +165,22 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
     clock_key = jax.random.fold_in(jax.random.key(0), CLOCK_STREAM)
     profile_key, availability_key = jax.random.split(clock_key)
     try:
-        if config.device_profiles == "lognormal":
+        if config.clock.device_profiles == "lognormal":
             profiles = lognormal_profiles(profile_key, num_clients)
         else:
-            profiles = read_profiles(config.device_profiles, num_clients)
+            profiles = read_profiles(config.clock.device_profiles, num_clients)
         availability = None
-        if config.availability == "diurnal":
-            availability = diurnal_availability(availability_key, num_clients, config.diurnal_hours)
-        elif config.availability not in (None, "always"):
-            availability = read_availability(config.availability, num_clients, config.availability_period)
-        clock = Clock(profiles, availability, config.overselect, config.report_deadline)
-        selected = clock.selected(config.clients_per_round)
+        if config.clock.availability == "diurnal":
+            availability = diurnal_availability(availability_key, num_clients, config.clock.diurnal_hours)
+        elif config.clock.availability not in (None, "always"):
+            availability = read_availability(
+                config.clock.availability, num_clients, config.clock.availability_period
+            )
+        clock = Clock(profiles, availability, config.clock.overselect, config.clock.report_deadline)
+        selected = clock.selected(config.server.clients_per_round)
         if selected > num_clients:
             raise ValueError(
-                f"overselect={config.overselect:g} selects {selected} clients a round, more than the "
+                f"overselect={config.clock.overselect:g} selects {selected} clients a round, more than the "
                 f"{num_clients} training clients"
             )
         counts = np.asarray(dataset.train.counts)
@@ -190,17 +195,17 @@ def run_clock(config: RunConfig, dataset, local, model_shape, compression, place
 
 def run_server_optimizer(config: RunConfig):
     """The run's server optimizer (`jaxfl.algorithms.base.server_optimizer`)."""
-    return server_optimizer(config.server_optimizer, **server_settings(config))
+    return server_optimizer(config.server.server_optimizer, **server_settings(config))
 
 
 def server_settings(config: RunConfig) -> dict[str, Any]:
     """The run's server-optimizer settings, for any optimizer (`Engine.server_settings`)."""
     return {
-        "learning_rate": config.server_lr,
-        "momentum": config.server_momentum,
-        "beta1": config.server_beta1,
-        "beta2": config.server_beta2,
-        "epsilon": config.server_epsilon,
+        "learning_rate": config.server.server_lr,
+        "momentum": config.server.server_momentum,
+        "beta1": config.server.server_beta1,
+        "beta2": config.server.server_beta2,
+        "epsilon": config.server.server_epsilon,
     }
 
 
@@ -223,13 +228,13 @@ def ignored_settings(
     Such a setting is accepted and ignored (a comparison of several
     algorithms shares one configuration); `setup` prints a warning for each.
     """
-    defaults = RunConfig()
+    server = config.server
     settings = sorted({f for spec in SPECS.values() for f in spec.settings})
     used = set()
     for name, algorithm in algorithms.items():
         spec = algorithm_spec(name)
         used.update(hparam_fields(name, algorithm), spec.options, spec.privacy_settings)
-    optimizers = {algorithm_spec(name).server_optimizer or config.server_optimizer for name in algorithms}
+    optimizers = {algorithm_spec(name).server_optimizer or server.server_optimizer for name in algorithms}
     used.update(f for f, users in _SERVER_OPTIMIZER_SETTINGS.items() if optimizers & set(users))
     # Fine-tuning serves the algorithms without personal models of their own; the
     # client-state layout, those with per-client state.
@@ -241,7 +246,7 @@ def ignored_settings(
     return tuple(
         field
         for field in settings
-        if field not in used and getattr(config, field) != getattr(defaults, field)
+        if field not in used and config.setting(field) != DEFAULTS.setting(field)
     )
 
 
@@ -255,12 +260,12 @@ def frozen_embeddings(config: RunConfig):
     The same vectors the 'sent140' dataset looked its words up in
     (`jaxfl.data.formats.glove.find_glove` with the dataset's embedding_dim).
     """
-    if config.model not in PRETRAINED_EMBEDDING_MODELS:
+    if config.network.model not in PRETRAINED_EMBEDDING_MODELS:
         return None
     from jaxfl.data.formats.glove import find_glove
 
-    dim = int(config.dataset_options.get("embedding_dim", 50))
-    return find_glove(config.data_dir, dim).vectors
+    dim = int(config.data.dataset_options.get("embedding_dim", 50))
+    return find_glove(config.data.data_dir, dim).vectors
 
 
 def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
@@ -271,6 +276,7 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
     indicators y `[T]` (any other dtype) need logits `[T]`. Checked on
     shapes and dtypes only.
     """
+    data, network = config.data, config.network
     params = jax.eval_shape(model.init, jax.random.key(0))
     example = jax.ShapeDtypeStruct((1, *dataset.input_shape), dataset.train.features["x"].dtype)
     logits = jax.eval_shape(model.apply, params, example).shape[1:]
@@ -278,25 +284,25 @@ def check_model_fits_targets(model, dataset, config: RunConfig) -> None:
     if len(target) == 1 and dataset.train.features["y"].dtype != np.int32:
         if logits != target:
             raise ConfigError(
-                f"dataset {config.dataset} has {target[0]} labels per example (multi-label) and model "
-                f"{config.model} predicts {list(logits)} outputs: choose a classifier of {target[0]} "
+                f"dataset {data.dataset} has {target[0]} labels per example (multi-label) and model "
+                f"{network.model} predicts {list(logits)} outputs: choose a classifier of {target[0]} "
                 "outputs (e.g. bag-logistic)"
             )
         return
     if target and logits[:-1] != target:
         raise ConfigError(
-            f"dataset {config.dataset} has {list(target)} targets per example (a sequence layout) and "
-            f"model {config.model} predicts one label per example: choose {', '.join(SEQUENCE_MODELS)}, "
+            f"dataset {data.dataset} has {list(target)} targets per example (a sequence layout) and "
+            f"model {network.model} predicts one label per example: choose {', '.join(SEQUENCE_MODELS)}, "
             "or a one-label layout (e.g. --dataset-option layout=next-char)"
         )
     if not target and len(logits) != 1:
         raise ConfigError(
-            f"dataset {config.dataset} has one label per example and model {config.model} predicts "
+            f"dataset {data.dataset} has one label per example and model {network.model} predicts "
             f"{list(logits[:-1])} tokens: choose a classifier, or --dataset-option layout=sequence"
         )
     if not target and logits[0] not in (1, dataset.num_classes):
         raise ConfigError(
-            f"model {config.model} has {logits[0]} outputs and dataset {config.dataset} "
+            f"model {network.model} has {logits[0]} outputs and dataset {data.dataset} "
             f"{dataset.num_classes} classes"
         )
 
@@ -311,7 +317,8 @@ def personal_validation_examples(config: RunConfig, dataset: FederatedDataset):
     Raises:
       ConfigError: dynamic lambda without validation client k = training client k.
     """
-    if not (config.ditto_dynamic_lam and set(setting_users("ditto_dynamic_lam")) & set(config.algorithms)):
+    options = config.options
+    if not (options.ditto_dynamic_lam and set(setting_users("ditto_dynamic_lam")) & set(config.algorithms)):
         return None
     if dataset.validation is None or not dataset.personal_splits:
         raise ConfigError(
@@ -325,12 +332,12 @@ def run_model(config: RunConfig, dataset: FederatedDataset):
     """The run's model for the dataset's inputs and classes; ConfigError where it does not fit them."""
     try:
         model = make_model(
-            config.model,
+            config.network.model,
             dataset.input_shape,
             dataset.num_classes,
-            hidden_sizes=config.hidden_sizes,
+            hidden_sizes=config.network.hidden_sizes,
             input_vocab_size=dataset.input_vocab_size,
-            embedding_dim=config.embedding_dim,
+            embedding_dim=config.network.embedding_dim,
             embedding_table=frozen_embeddings(config),
         )
     except ValueError as error:
@@ -350,39 +357,41 @@ def setup(config: RunConfig) -> Setup:
       ConfigError: an invalid combination (unknown algorithm or dataset
         option, more clients per round than training clients, ...).
     """
+    runtime = config.runtime
     for name in config.algorithms:
         if name not in algorithm_names():
             raise ConfigError(
                 f"algorithm must be one of {', '.join(algorithm_names())}, got {name!r}"
             )
     try:
-        dataset = load_dataset(config.dataset, data_dir=config.data_dir, **config.dataset_options)
+        data = config.data
+        dataset = load_dataset(data.dataset, data_dir=data.data_dir, **data.dataset_options)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
-    if config.client_validation_split is not None and config.client_split is None:
+    if config.data.client_validation_split is not None and config.data.client_split is None:
         raise ConfigError("client_validation_split needs client_split (the clients' own test data)")
-    if config.client_split is not None:
+    if config.data.client_split is not None:
         dataset = personal_test_split(
-            dataset, config.client_split, config.seed, validation_fraction=config.client_validation_split
+            dataset, data.client_split, runtime.seed, validation_fraction=data.client_validation_split
         )
     robustness, dataset, corrupted = run_robustness(config, dataset)
-    dataset, placement = place_dataset(dataset, config.residency)
+    dataset, placement = place_dataset(dataset, config.data.residency)
     num_train = dataset.train.num_clients
-    if config.clients_per_round > num_train:
+    if config.server.clients_per_round > num_train:
         raise ConfigError(
             f"clients_per_round must be in [1, {num_train}] (the training clients "
-            f"of {config.dataset}), got {config.clients_per_round}"
+            f"of {config.data.dataset}), got {config.server.clients_per_round}"
         )
     model = run_model(config, dataset)
     model_shape = jax.eval_shape(model.init, jax.random.key(0))
     num_parameters = count_parameters(model_shape)
-    strategy = choose_strategy(config.strategy, num_parameters)
+    strategy = choose_strategy(runtime.strategy, num_parameters)
     strategy = choose_client_state(config, strategy, num_train, num_parameters)
     device_rows = [name for name in config.algorithms if not algorithm_spec(name).host_rows]
     if strategy.host_client_state and device_rows:
         advice = (
             "--client-state auto chose host memory, as they fit the devices neither replicated nor split: "
-            "use fewer training clients" if config.client_state == "auto"
+            "use fewer training clients" if config.personalization.client_state == "auto"
             else "use --client-state replicated or split"
         )
         raise ConfigError(
@@ -390,21 +399,21 @@ def setup(config: RunConfig) -> Setup:
             f"{advice}"
         )
     local = LocalTraining(
-        batch_size=config.batch_size,
-        num_epochs=config.local_epochs,
-        max_steps=config.max_local_steps,
-        loop=choose_local_loop(config.local_loop),
+        batch_size=config.local.batch_size,
+        num_epochs=config.local.local_epochs,
+        max_steps=config.local.max_local_steps,
+        loop=choose_local_loop(runtime.local_loop),
     )
     compression = run_compression(config, num_train)
     clock = run_clock(config, dataset, local, model_shape, compression, placement)
     engine = Engine(
         task=Task(model, excluded_target_ids=dataset.excluded_target_ids),
         local=local,
-        clients_per_round=config.clients_per_round,
+        clients_per_round=config.server.clients_per_round,
         strategy=strategy,
         server_tx=run_server_optimizer(config),
         server_settings=server_settings(config),
-        client_weighting=config.client_weighting,
+        client_weighting=config.server.client_weighting,
         num_clients=num_train,
         robustness=robustness,
         compression=compression,
@@ -455,9 +464,9 @@ def build_algorithms(
             try:
                 hparams[name].update(
                     privacy.calibrate(
-                        config,
+                        config.flat(),
                         num_clients=num_train,
-                        clients_per_round=config.clients_per_round,
+                        clients_per_round=config.server.clients_per_round,
                         hparams=hparams[name],
                         num_examples=num_train_examples,
                     )

@@ -129,9 +129,9 @@ def privacy_spent(run_setup: Setup, name: str, hparams: dict[str, float], rounds
     if privacy is None:
         return None
     return privacy.report(
-        run_setup.config,
+        run_setup.config.flat(),
         num_clients=run_setup.dataset.train.num_clients,
-        clients_per_round=run_setup.config.clients_per_round,
+        clients_per_round=run_setup.config.server.clients_per_round,
         hparams=hparams,
         rounds_done=rounds_done,
         num_examples=run_setup.dataset.train.num_examples,
@@ -140,7 +140,7 @@ def privacy_spent(run_setup: Setup, name: str, hparams: dict[str, float], rounds
 
 def initial_carry(run_setup: Setup, name: str) -> tuple[Any, Any]:
     """The (state, health) carry a single run of `name` starts from, placed, and its run key."""
-    state, run_key = initial_state(run_setup, name, SweepPoint({}, run_setup.config.seed))
+    state, run_key = initial_state(run_setup, name, SweepPoint({}, run_setup.config.runtime.seed))
     return place_carry(run_setup, (state, initial_health())), run_key
 
 
@@ -176,12 +176,12 @@ def evaluation_line(run_setup: Setup) -> str | None:
             f"{ids.size} of {populations[name].num_clients} {name}" for name, ids in sample.items()
         )
         parts.append(f"on a fixed sample of clients (--eval-clients): {sampled}")
-    if not run_setup.config.eval_train:
+    if not run_setup.config.evaluation.eval_train:
         parts.append("not on the training clients (--eval-train adds them)")
         personal = [  # Their own, made after training, or fine-tuned (`after_training_models`).
             name for name in run_setup.config.algorithms
             if algorithm_spec(name).personal_models or algorithm_spec(name).adapts_after_training
-            or (run_setup.config.finetune_epochs and name not in CLIENT_STATE_ALGORITHMS)
+            or (run_setup.config.personalization.finetune_epochs and name not in CLIENT_STATE_ALGORITHMS)
         ]
         if personal and not run_setup.dataset.personal_splits:
             # Their only data here is their clients' training data.
@@ -214,7 +214,7 @@ def run_summary(
         **summaries,
         "algorithm": name,
         "status": "diverged" if diverged else "finished",
-        "rounds": config.rounds,
+        "rounds": config.server.rounds,
         "rounds_without_weight": rounds_without_weight,
         "strategy": strategy.describe(),
         "residency": run_setup.placement.residency if run_setup.placement else "device",
@@ -236,7 +236,7 @@ def run_summary(
     if diverged:
         summary["diverged"] = diverged
     # A single run stops where divergence was seen; a sweep point goes on with the others.
-    rounds_done = (diverged or {}).get("detected_at_round", config.rounds)
+    rounds_done = (diverged or {}).get("detected_at_round", config.server.rounds)
     warmup = asynchronous_warmup(config, name, run_setup.dataset.train.num_clients)
     if warmup:
         summary["warmup_steps"] = warmup  # Server steps that only started clients.
@@ -301,6 +301,7 @@ def _compiled_rounds(run_setup: Setup, name: str, carry, run_keys, start_round: 
     per call (a single run's only: `check_client_state` refuses it in a sweep).
     """
     config, engine = run_setup.config, run_setup.engine
+    server, evaluation = config.server, config.evaluation
     strategy = engine.strategy
     client_state = None
     if strategy.host_client_state and jax.tree.leaves(carry[0].clients):
@@ -309,7 +310,9 @@ def _compiled_rounds(run_setup: Setup, name: str, carry, run_keys, start_round: 
         client_state = HostClientState(
             run_keys, run_setup.dataset.train.num_clients, engine.clients_per_round, place=place
         )
-    num_rounds_per_call = 1 if client_state else rounds_per_call(strategy, config.rounds, config.eval_every)
+    num_rounds_per_call = (
+        1 if client_state else rounds_per_call(strategy, server.rounds, evaluation.eval_every)
+    )
     num_rounds_per_call = resumed_rounds_per_call(num_rounds_per_call, start_round)
     train = training_input(run_setup, run_keys, num_rounds_per_call, first_round=start_round)
     cohort_per_round = isinstance(train, CohortStream)
@@ -343,7 +346,7 @@ def train_points(
     resume: bool = False,
     on_restore: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
-    """Trains `points` of `name` for `config.rounds` rounds: the one path of a single run and of a sweep.
+    """Trains `points` of `name` for `config.server.rounds` rounds: the one path of a run and of a sweep.
 
     A single run (`batched=False`) is one point whose state is the round's;
     a sweep (`batched=True`) stacks its points' states along a leading axis
@@ -360,6 +363,7 @@ def train_points(
     if not batched and len(points) != 1:
         raise ValueError(f"a single run is one point, got {len(points)}")
     config, engine = run_setup.config, run_setup.engine
+    server = config.server
     strategy = engine.strategy
     algorithm = run_setup.algorithms[name]
     if batched:
@@ -378,7 +382,7 @@ def train_points(
         evaluate = make_evaluator(
             engine.task, run_setup.dataset, engine.client_weighting, corrupted=run_setup.corrupted,
             personal_group=personal_evaluation_group(strategy), sample=evaluation_clients(run_setup),
-            train=config.eval_train, mesh=strategy.mesh,
+            train=config.evaluation.eval_train, mesh=strategy.mesh,
         )
     if progress is not None and start_round:
         progress.update(start_round)
@@ -450,7 +454,7 @@ def train_points(
         if personal is not None:
             finite_after_training = finite_points(personal, len(points))
             if not batched and not finite_after_training[0]:
-                raise RunDiverged({"round": config.rounds, "quantity": AFTER_TRAINING}, config.rounds, health)
+                raise RunDiverged({"round": server.rounds, "quantity": AFTER_TRAINING}, server.rounds, health)
             evaluate_points(states.params, personal)
             spent = time.perf_counter() - started
             timing = dataclasses.replace(timing, evaluation_s=timing.evaluation_s + spent)
@@ -528,7 +532,7 @@ def _point_summary(
     """Sweep point `g`'s summary.json: `run_summary`, with its setting, and its diverged round if any."""
     config = run_setup.config
     diverged = divergence(health, g) or (
-        None if finite_after_training else {"round": config.rounds, "quantity": AFTER_TRAINING}
+        None if finite_after_training else {"round": config.server.rounds, "quantity": AFTER_TRAINING}
     )
     summary = run_summary(
         run_setup, name, summaries, int(health["rounds_without_weight"][g]), diverged, state.hparams,
@@ -551,7 +555,7 @@ def run_algorithm(
     resume: bool = False,
     on_restore: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Trains one algorithm for `config.rounds` rounds: `train_points` of the run's one point.
+    """Trains one algorithm for `config.server.rounds` rounds: `train_points` of the run's one point.
 
     Args:
       run_setup: from `setup`.
@@ -560,7 +564,7 @@ def run_algorithm(
         metrics.jsonl as it happens).
       progress: an object with `update(n)` and `set_postfix_str(s)` (a tqdm
         bar), or None.
-      checkpoints: where to save checkpoints (when `config.checkpoint_every`
+      checkpoints: where to save checkpoints (when `config.runtime.checkpoint_every`
         or `checkpoint_seconds` says, and on SIGINT/SIGTERM), or None.
       on_checkpoint: called with the round after each checkpoint.
       resume: continue from the latest checkpoint in `checkpoints` (if any):
@@ -576,7 +580,7 @@ def run_algorithm(
       RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint.
     """
     (result,) = train_points(
-        run_setup, name, [SweepPoint({}, run_setup.config.seed)], batched=False,
+        run_setup, name, [SweepPoint({}, run_setup.config.runtime.seed)], batched=False,
         on_evaluation=None if on_evaluation is None else lambda _, record: on_evaluation(record),
         progress=progress, checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
         on_restore=on_restore,

@@ -54,8 +54,8 @@ def model_build_arguments(config: RunConfig, dataset) -> dict[str, Any]:
         "input_shape": list(dataset.input_shape),
         "num_classes": int(dataset.num_classes),
         "input_vocab_size": None if dataset.input_vocab_size is None else int(dataset.input_vocab_size),
-        "hidden_sizes": list(config.hidden_sizes),
-        "embedding_dim": int(config.embedding_dim),
+        "hidden_sizes": list(config.network.hidden_sizes),
+        "embedding_dim": int(config.network.embedding_dim),
     }
 
 
@@ -87,7 +87,7 @@ def save_model(
             checkpointer.save(directory / "personal", personal)
     description = {
         "format": FORMAT_VERSION,
-        "model": config.model,
+        "model": config.network.model,
         "algorithm": algorithm,
         "build": model_build_arguments(config, dataset),
         "config": config.to_dict(),
@@ -162,7 +162,7 @@ def build_saved_network(config: RunConfig, build: dict[str, Any]):
     from jaxfl.models.networks import make_model
 
     return make_model(
-        config.model,
+        config.network.model,
         tuple(build["input_shape"]),
         build["num_classes"],
         hidden_sizes=tuple(build["hidden_sizes"]),

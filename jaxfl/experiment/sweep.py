@@ -46,7 +46,7 @@ def run_sweep(
     resume: bool = False,
     on_restore: Callable[[int], None] | None = None,
 ) -> list[RunResult]:
-    """Trains every point for `config.rounds` rounds in one vmapped round.
+    """Trains every point for `config.server.rounds` rounds in one vmapped round.
 
     Args:
       run_setup: the shared setup (static shapes, data, algorithm).
@@ -55,7 +55,7 @@ def run_sweep(
       on_evaluation: called with (point index, evaluation record).
       progress: a tqdm-like bar, updated once per round.
       checkpoints: where to save the stacked state of all points (as
-        `config.checkpoint_every`/`checkpoint_seconds` say, and on
+        `config.runtime.checkpoint_every`/`checkpoint_seconds` say, and on
         SIGINT/SIGTERM), or None.
       on_checkpoint: called with the round after each checkpoint.
       resume: continue from the latest checkpoint in `checkpoints`, if any.

@@ -24,7 +24,6 @@ sweep, skipping the combinations that finished.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
 import shutil
 import sys
@@ -123,18 +122,19 @@ def _points(grid: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
 def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: bool = False) -> int:
     """Runs the grid; returns the exit status (3 when a point diverged).
 
-    With `resume`, `config` and `grid` are the saved ones of `config.out`'s
+    With `resume`, `config` and `grid` are the saved ones of `config.runtime.out`'s
     unfinished sweep: groups whose points finished are read back, the
     others continue from their latest checkpoints.
     """
+    runtime = config.runtime
     if len(config.algorithms) != 1:
         raise ConfigError("sweep runs one algorithm; give a single --algorithm")
     name = config.algorithms[0]
     if not grid:
         raise ConfigError("sweep needs at least one --grid NAME=V1,V2,...")
     output = (
-        OutputDirectory(config.out, overwrite=config.overwrite, command="sweep", resuming=resume)
-        if config.out is not None else None
+        OutputDirectory(runtime.out, overwrite=runtime.overwrite, command="sweep", resuming=resume)
+        if runtime.out is not None else None
     )
     # Validate every outer combination (and the algorithm) before training;
     # warnings are printed once every point passed.
@@ -147,7 +147,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
         outer_points = _points(outer)
         setups = []
         for static in outer_points:
-            static_config = dataclasses.replace(config, **static)
+            static_config = config.replace(**static)
             setups.append(base_setup if not static else setup(static_config))
         check_grid_points(config, grid, base_setup, name)
         # `setup` sized one point; a group's points train together in one vmapped round.
@@ -160,7 +160,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     staging = None
     if output is not None:
         record = {**config.to_dict(), "grid": dict(grid)}
-        staging = output.start(resume=resume, rounds=config.rounds, config=record)
+        staging = output.start(resume=resume, rounds=config.server.rounds, config=record)
 
     rows = []
     diverged = []
@@ -174,23 +174,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
                     run_setup, name, static, inner_points, index, group, staging, output, resume
                 )
                 for offset, (p, result) in enumerate(zip(inner_points, results, strict=True)):
-                    row = {"point": index + offset, **static, **p, "status": result.summary["status"]}
-                    for key, column in TABLE_COLUMNS:
-                        row[f"test_error_{column}"] = result.summary.get("test_error", {}).get(key)
-                    row["train_loss_mean"] = result.summary.get("train_loss", {}).get("mean")
-                    # Personal models (ditto): on the clients' own test data, else on their training data.
-                    personal = result.summary.get("personal_test_error") or result.summary.get(
-                        "personal_train_error"
-                    )
-                    if personal is not None:
-                        where = "test" if "personal_test_error" in result.summary else "train"
-                        for key, column in TABLE_COLUMNS:
-                            row[f"personal_{where}_error_{column}"] = personal.get(key)
-                    row.update(privacy_columns(result.summary.get("privacy")))
-                    # Accuracy against communication (jaxfl.communication.traffic).
-                    sent = ("bytes_up", "bytes_down")
-                    row.update({k: result.summary[k] for k in sent if k in result.summary})
-                    rows.append(row)
+                    rows.append(_result_row({"point": index + offset, **static, **p}, result.summary))
                     if result.diverged:
                         diverged.append((index + offset, result.diverged))
                 if "lam" in inner:
@@ -212,7 +196,7 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
             where = f"checkpoint in {output.staging}; continue with: jaxfl sweep --resume {output.path}"
         else:
             where = "nothing saved (no --out)"
-        print(f"jaxfl: interrupted at round {stop.round} of {config.rounds}; {where}", file=sys.stderr)
+        print(f"jaxfl: interrupted at round {stop.round} of {config.server.rounds}; {where}", file=sys.stderr)
         return 128 + stop.signal_number
     except BaseException as error:
         if output is not None:
@@ -221,6 +205,32 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
             else:
                 output.abandon()
         raise
+    _print_sweep(base_setup, rows, grid, total, diverged)
+    if output is not None:
+        print(f"results in {output.path}")
+    return EXIT_DIVERGED if diverged else 0
+
+
+def _result_row(row: dict[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's results.csv row: `row` (its number and grid values), then what its summary holds."""
+    row = {**row, "status": summary["status"]}
+    for key, column in TABLE_COLUMNS:
+        row[f"test_error_{column}"] = summary.get("test_error", {}).get(key)
+    row["train_loss_mean"] = summary.get("train_loss", {}).get("mean")
+    # Personal models (ditto): on the clients' own test data, else on their training data.
+    personal = summary.get("personal_test_error") or summary.get("personal_train_error")
+    if personal is not None:
+        where = "test" if "personal_test_error" in summary else "train"
+        for key, column in TABLE_COLUMNS:
+            row[f"personal_{where}_error_{column}"] = personal.get(key)
+    row.update(privacy_columns(summary.get("privacy")))
+    # Accuracy against communication (jaxfl.communication.traffic).
+    row.update({k: summary[k] for k in ("bytes_up", "bytes_down") if k in summary})
+    return row
+
+
+def _print_sweep(base_setup, rows: list[dict], grid, total: int, diverged: list) -> None:
+    """What a finished sweep prints: where it ran, its table, the privacy notes, the diverged points."""
     print(placement_line(base_setup))
     evaluated = evaluation_line(base_setup)
     if evaluated is not None:
@@ -228,7 +238,8 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
     _print_rows(rows, grid, total)
     private = [row for row in rows if any(key.startswith("privacy_") for key in row)]
     if private:
-        print(f"jaxfl: note: secret sampling assumed by the observer's epsilons: {sampling_secrecy(config)}")
+        secrecy = sampling_secrecy(base_setup.config)
+        print(f"jaxfl: note: secret sampling assumed by the observer's epsilons: {secrecy}")
         if "seed" in grid:
             print("jaxfl: note: the grid's seeds are given, hence public: they fix those points' cohorts "
                   "and noise, so neither epsilon holds against whoever knows them")
@@ -240,9 +251,6 @@ def run_sweep_main(config: RunConfig, grid: Mapping[str, list[Any]], *, resume: 
             f"jaxfl: error: point {point} diverged at round {info['round']}: {info['quantity']}",
             file=sys.stderr,
         )
-    if output is not None:
-        print(f"results in {output.path}")
-    return EXIT_DIVERGED if diverged else 0
 
 
 PRIVACY_COLUMNS = (
@@ -260,8 +268,8 @@ def privacy_columns(privacy: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def point_config(config: RunConfig, name: str, point: Mapping[str, Any]) -> RunConfig:
     """The single run a sweep point is: its settings, and no output folder of the sweep's."""
-    return dataclasses.replace(
-        config, algorithm=name, out=None, overwrite=False,
+    return config.replace(
+        algorithm=name, out=None, overwrite=False,
         **{k: v for k, v in point.items() if k in FIELDS},
     )
 
@@ -278,7 +286,7 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     points = [
         SweepPoint(
             hparams={k: float(v) for k, v in p.items() if k != "seed"},
-            seed=int(p.get("seed", config.seed)),
+            seed=int(p.get("seed", config.runtime.seed)),
         )
         for p in inner_points
     ]
@@ -286,7 +294,7 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     on_checkpoint = None
     if staging is not None:
         checkpoints = RunCheckpoints(
-            staging / CHECKPOINTS / f"group-{group:03d}", keep=config.keep_checkpoints
+            staging / CHECKPOINTS / f"group-{group:03d}", keep=config.runtime.keep_checkpoints
         )
         for directory, p in zip(directories, inner_points, strict=True):
             directory.mkdir(parents=True, exist_ok=True)
@@ -304,8 +312,8 @@ def _run_group(run_setup, name, static, inner_points, first, group, staging, out
     label = ", ".join(f"{k}={v}" for k, v in static.items()) or name
     try:
         with tqdm(
-            total=config.rounds, desc=f"{label} ({len(points)} points)", unit="round",
-            disable=not config.progress, file=sys.stderr, dynamic_ncols=True,
+            total=config.server.rounds, desc=f"{label} ({len(points)} points)", unit="round",
+            disable=not config.runtime.progress, file=sys.stderr, dynamic_ncols=True,
         ) as bar:
             results = run_sweep(
                 run_setup, name, points, on_evaluation=on_evaluation, progress=bar,

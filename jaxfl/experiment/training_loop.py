@@ -200,7 +200,8 @@ class Checkpointing:
 
     @classmethod
     def from_config(cls, checkpoints: RunCheckpoints, config: RunConfig, meta, on_saved=None):
-        return cls(checkpoints, config.checkpoint_every, config.checkpoint_seconds, meta, on_saved)
+        runtime = config.runtime
+        return cls(checkpoints, runtime.checkpoint_every, runtime.checkpoint_seconds, meta, on_saved)
 
     def due(self, round_index: int, rounds_per_call: int, seconds_since_last: float) -> bool:
         if self.every_rounds is not None:
@@ -230,7 +231,7 @@ def training_loop(
     stop_on_divergence: bool = True,
     client_state: HostClientState | None = None,
 ) -> tuple[Any, LoopTiming]:
-    """Runs rounds `start_round + 1 .. config.rounds`, evaluating every `config.eval_every`.
+    """Runs rounds `start_round + 1 .. config.server.rounds`, evaluating every `config.evaluation.eval_every`.
 
     `round_fn` is a compiled call running `rounds_per_call` rounds of a
     `monitored` round (`compile_rounds`) over the carry `(state, RunHealth)`;
@@ -252,7 +253,7 @@ def training_loop(
     each call (one round) receives its cohort's rows and the loop writes
     them back after it (`jaxfl.training.client_state`).
     """
-    if config.rounds % rounds_per_call or config.eval_every % rounds_per_call:
+    if config.server.rounds % rounds_per_call or config.evaluation.eval_every % rounds_per_call:
         raise ValueError(f"rounds_per_call {rounds_per_call} must divide rounds and eval_every")
     if start_round % rounds_per_call:
         raise ValueError(f"start_round {start_round} must be a multiple of rounds_per_call {rounds_per_call}")
@@ -287,7 +288,7 @@ def _training_loop(
     saved = 0
     loop_start = last_save = time.perf_counter()
     first_call = start_round + rounds_per_call
-    for round_index in range(first_call, config.rounds + 1, rounds_per_call):
+    for round_index in range(first_call, config.server.rounds + 1, rounds_per_call):
         population = train.next_call() if isinstance(train, CohortStream) else train
         if client_state is not None:
             host_rows = carry[0].clients
@@ -302,8 +303,8 @@ def _training_loop(
             jax.block_until_ready(carry)
         if progress is not None:
             progress.update(rounds_per_call)
-        last = round_index == config.rounds
-        evaluating = round_index % config.eval_every == 0 or last
+        last = round_index == config.server.rounds
+        evaluating = round_index % config.evaluation.eval_every == 0 or last
         stopping = stop is not None and stop.signal is not None and not last
         saving = checkpointing is not None and not last and (
             stopping or checkpointing.due(round_index, rounds_per_call, time.perf_counter() - last_save)
@@ -328,5 +329,5 @@ def _training_loop(
     if checkpointing is not None:
         checkpointing.checkpoints.wait()
     train_s = time.perf_counter() - loop_start - compile_s - evaluation_s - checkpoint_s
-    steady_rounds = config.rounds - start_round - rounds_per_call
+    steady_rounds = config.server.rounds - start_round - rounds_per_call
     return carry, LoopTiming(compile_s, train_s, evaluation_s, steady_rounds, checkpoint_s, saved)

@@ -70,15 +70,15 @@ def test_the_published_cli_names_stay_registered():
 def test_declared_settings_are_run_settings_with_the_same_defaults(name):
     spec = SPECS[name]
     for option, default in spec.option_defaults.items():
-        assert option in FIELDS and getattr(DEFAULTS, option) == default, option
+        assert option in FIELDS and DEFAULTS.setting(option) == default, option
     # Every option of every reweighting etc.: build with each choice.
     algorithm = build_algorithm(name, ENGINE)
     assert set(algorithm.hparam_defaults) == set(hparam_fields(name, algorithm))
     for field in hparam_fields(name, algorithm):
         assert field in FIELDS
-        if field in LOCAL_HPARAM_DEFAULTS or getattr(DEFAULTS, field) is None:
+        if field in LOCAL_HPARAM_DEFAULTS or DEFAULTS.setting(field) is None:
             continue
-        assert algorithm.hparam_defaults[field] == float(getattr(DEFAULTS, field)), (
+        assert algorithm.hparam_defaults[field] == float(DEFAULTS.setting(field)), (
             field
         )
 
@@ -127,7 +127,7 @@ def test_runner_passes_each_algorithm_its_hyperparameters():
     )  # Their defaults: 1, 10.
     assert got["fedprox"] == {**got["fedprox"], "mu": 0.2, "lr": 0.05}
     assert "theta" not in got["fedprox"]
-    with_q = dataclasses.replace(config, q=2.0)
+    with_q = config.replace(q=2.0)
     algorithm = build_algorithm("afl-qffl", ENGINE)
     assert algorithm_hparams(with_q, "afl-qffl", algorithm)["q"] == 2.0
 
@@ -202,7 +202,7 @@ def test_a_setting_is_declared_once_and_its_field_derived_from_the_declaration(m
     # Every declared setting is a RunConfig field with the declared default, help and range.
     for name, setting in registry.algorithm_settings().items():
         meta = FIELDS[name].metadata
-        assert getattr(DEFAULTS, name) == setting.default, name
+        assert DEFAULTS.setting(name) == setting.default, name
         assert meta["help"] == f"{', '.join(registry.setting_users(name))}: {setting.help}"
         assert (meta["low"], meta["high"], meta["choices"]) == (setting.low, setting.high, setting.choices)
     # Two entries that declare one setting differently are refused.

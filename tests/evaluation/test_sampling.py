@@ -162,7 +162,9 @@ def test_without_training_clients_the_personal_models_still_follow_the_training_
 
     from jaxfl.experiment.runner import evaluated_sample, evaluation_clients
 
-    config = SimpleNamespace(eval_clients=4, eval_train=False, seed=3)
+    config = SimpleNamespace(
+        evaluation=SimpleNamespace(eval_clients=4, eval_train=False), runtime=SimpleNamespace(seed=3)
+    )
     run = SimpleNamespace(config=config, dataset=_dataset(True))
     sample = evaluation_clients(run)
     np.testing.assert_array_equal(sample["train"], sample["test"])

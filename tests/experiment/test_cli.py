@@ -98,7 +98,7 @@ def test_the_training_clients_are_evaluated_only_when_asked():
     from jaxfl.cli import build_parser, resolve_config
 
     def eval_train(*flags):
-        return resolve_config(build_parser().parse_args(["run", *flags])).eval_train
+        return resolve_config(build_parser().parse_args(["run", *flags])).evaluation.eval_train
 
     # --no-eval-train, the default, is still accepted (scripts/ pass it).
     assert (eval_train(), eval_train("--no-eval-train"), eval_train("--eval-train")) == (False, False, True)

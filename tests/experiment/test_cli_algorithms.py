@@ -180,7 +180,7 @@ def test_unused_settings_are_accepted_with_a_warning(capsys):
     assert run_setup.ignored_settings == ("reweighting", "theta")
     assert "jaxfl: warning: theta is not used by fedavg; ignored" in err
     # The client-state layout serves per-client state; fine-tuning, algorithms without personal models.
-    base = dict(clients_per_round=5, dataset_options=config.dataset_options)
+    base = dict(clients_per_round=5, dataset_options=config.data.dataset_options)
 
     def ignored(**settings):
         return setup(make_config({**base, **settings})).ignored_settings
@@ -194,7 +194,7 @@ def test_dp_fedadam_warns_of_a_server_learning_rate_made_for_sgd():
     from jaxfl.experiment.config import RunConfig, setting_warnings
 
     def warnings(**settings):
-        return setting_warnings(dataclasses.replace(RunConfig(), **settings), ())
+        return setting_warnings(RunConfig().replace(**settings), ())
 
     assert any("dp-fedadam runs adam with server_lr=1" in line for line in warnings(algorithm="dp-fedadam"))
     assert warnings(algorithm="dp-fedadam", server_lr=0.01) == []

@@ -1,7 +1,6 @@
 """Compressed updates from the command line: the bytes in metrics.jsonl and summary.json against the
 code's size and the uploads, and the settings that cannot apply refused or warned about in one line."""
 
-import dataclasses
 import json
 
 import pytest
@@ -68,7 +67,7 @@ def test_compression_and_clock_settings_that_cannot_apply_are_reported_ignored()
     from jaxfl.experiment.config import RunConfig, setting_warnings
 
     def warnings(changed, **settings):
-        return setting_warnings(dataclasses.replace(RunConfig(), **settings), changed)
+        return setting_warnings(RunConfig().replace(**settings), changed)
 
     assert warnings(["error_feedback"], error_feedback=True) == [
         "error_feedback is an option of --compression, which is unset; ignored"

@@ -279,9 +279,11 @@ def test_a_dp_run_without_a_seed_draws_a_secret_one_and_says_so():
         return resolve_config(build_parser().parse_args(["run", *flags]))
 
     drawn, again = config("--algorithm", "dp-fedavg"), config("--algorithm", "fedavg,dp-deltafl")
-    assert drawn.seed_drawn and again.seed_drawn and drawn.seed != again.seed  # 2^-31 to collide.
+    first, second = drawn.runtime, again.runtime
+    assert first.seed_drawn and second.seed_drawn and first.seed != second.seed  # 2^-31 to collide.
     given, plain = config("--algorithm", "dp-fedavg", "--seed", "0"), config("--algorithm", "fedavg")
-    assert (given.seed, given.seed_drawn) == (0, False) and (plain.seed, plain.seed_drawn) == (0, False)
+    assert (given.runtime.seed, given.runtime.seed_drawn) == (0, False)
+    assert (plain.runtime.seed, plain.runtime.seed_drawn) == (0, False)
     privacy = {
         "epsilon_against_observer": 1.0, "epsilon_against_server": 3.0, "delta": 1e-5, "rounds": 2,
         "noise_multiplier": 1.0, "trust_model": "observer", "sampling_rate": 0.1,

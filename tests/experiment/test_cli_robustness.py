@@ -153,7 +153,7 @@ def test_a_ditto_sweep_point_is_the_single_run(tmp_path, capsys, monkeypatch):
     from jaxfl.experiment.saved_model import load_model
 
     point, alone = load_model(tmp_path / "sweep" / "points" / "001"), load_model(tmp_path / "single")
-    assert point.config.lam == 2.0 and point.config.out is None
+    assert point.config.options.lam == 2.0 and point.config.runtime.out is None
     for saved in ("params", "personal"):
         leaves = [jax.tree.leaves(getattr(model, saved)) for model in (point, alone)]
         for got, want in zip(*leaves, strict=True):

@@ -225,7 +225,8 @@ def test_preset_round_traces_at_its_model_size(name, tmp_path):
     _assert_the_presets_config(name, config.to_dict(), options, clients_per_round=2)
     run_setup = setup(config)
     preset = PRESETS[name].settings
-    assert run_setup.config.model == preset["model"] and run_setup.config.batch_size == preset["batch_size"]
+    config = run_setup.config
+    assert config.network.model == preset["model"] and config.local.batch_size == preset["batch_size"]
     assert sorted(run_setup.algorithms) == sorted(preset["algorithm"].split(","))
     task, test = run_setup.engine.task, run_setup.dataset.test
     for algorithm_name, algorithm in run_setup.algorithms.items():
@@ -258,20 +259,22 @@ def test_flags_override_the_preset_and_keep_the_rest():
     )
     # A setting the preset leaves unset takes RunConfig's default, not the dataset's quick-run
     # default (a preset is a whole protocol).
-    assert config["eval_every"] == RunConfig().eval_every != make_config({"dataset": "emnist"}).eval_every
+    emnist = make_config({"dataset": "emnist"})
+    assert config["eval_every"] == RunConfig().evaluation.eval_every != emnist.evaluation.eval_every
 
 
 def test_eval_clients_all_undoes_a_presets_sample(tmp_path):
     # shakespeare-deltafl evaluates a fixed sample of test roles by default; `all` (a flag, or a
     # config file's string: TOML has no null) evaluates every client.
-    assert _cli_config("--task", "shakespeare-deltafl").eval_clients == preset_settings(
+    assert _cli_config("--task", "shakespeare-deltafl").evaluation.eval_clients == preset_settings(
         "shakespeare-deltafl"
     )["eval_clients"]
-    assert _cli_config("--task", "shakespeare-deltafl", "--eval-clients", "all").eval_clients is None
+    undone = _cli_config("--task", "shakespeare-deltafl", "--eval-clients", "all")
+    assert undone.evaluation.eval_clients is None
     path = tmp_path / "run.toml"
     path.write_text('task = "shakespeare-deltafl"\neval_clients = "all"\n')
-    assert _cli_config("--config", str(path)).eval_clients is None
-    assert _cli_config("--config", str(path), "--eval-clients", "9").eval_clients == 9
+    assert _cli_config("--config", str(path)).evaluation.eval_clients is None
+    assert _cli_config("--config", str(path), "--eval-clients", "9").evaluation.eval_clients == 9
     with pytest.raises(ConfigError, match=r"^eval_clients must be an integer >= 1 or all, got 'some'$"):
         check_value("eval_clients", "some")
 
@@ -280,8 +283,9 @@ def test_config_file_overrides_the_preset_and_flags_override_the_file(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('task = "femnist-leaf"\nlr = 0.02\nbatch_size = 5\n')
     config = _cli_config("--config", str(path), "--batch-size", "7")
-    assert (config.task, config.lr, config.batch_size) == ("femnist-leaf", 0.02, 7)
-    assert (config.dataset, config.model, config.clients_per_round, config.rounds) == (
+    assert (config.task, config.local.lr, config.local.batch_size) == ("femnist-leaf", 0.02, 7)
+    server = config.server
+    assert (config.data.dataset, config.network.model, server.clients_per_round, server.rounds) == (
         "femnist", "leaf-cnn", 3, 2000
     )
 
@@ -290,7 +294,7 @@ def test_dataset_options_merge_with_the_presets_key_by_key():
     config = make_config(
         {"task": "stackoverflow-nwp", "dataset_options": {"sequence_length": 5, "max_examples_per_client": 3}}
     )
-    assert dict(config.dataset_options) == {
+    assert dict(config.data.dataset_options) == {
         "layout": "sequence",
         "sequence_length": 5,
         "vocab_size": 10_000,
@@ -299,7 +303,7 @@ def test_dataset_options_merge_with_the_presets_key_by_key():
     # From the command line, repeated --dataset-option flags merge the same way.
     config = _cli_config("--task", "shakespeare-deltafl", "--dataset-option", "test_fraction=0.25",
                          "--dataset-option", "min_chars=10")
-    assert dict(config.dataset_options) == {
+    assert dict(config.data.dataset_options) == {
         **preset_settings("shakespeare-deltafl")["dataset_options"],
         "test_fraction": 0.25,
         "min_chars": 10,
@@ -309,16 +313,16 @@ def test_dataset_options_merge_with_the_presets_key_by_key():
 def test_same_dataset_keeps_the_preset_options_and_another_drops_them():
     options = {"alpha": 0.1}
     same = make_config({"task": "fmnist-dirichlet", "dataset": "fashion-mnist", "dataset_options": options})
-    assert dict(same.dataset_options) == {"partition": "dirichlet", "alpha": 0.1, "num_clients": 100}
+    assert dict(same.data.dataset_options) == {"partition": "dirichlet", "alpha": 0.1, "num_clients": 100}
     other = make_config({"task": "fmnist-dirichlet", "dataset": "mnist", "dataset_options": options})
-    assert other.dataset == "mnist" and dict(other.dataset_options) == {"alpha": 0.1}
-    assert other.model == "convnet" and other.algorithm == "fedavg,deltafl"
+    assert other.data.dataset == "mnist" and dict(other.data.dataset_options) == {"alpha": 0.1}
+    assert other.network.model == "convnet" and other.algorithm == "fedavg,deltafl"
 
 
 def test_presets_train_whole_local_epochs():
     # Every preset's protocol runs E full local epochs; no step cap comes from the dataset's
     # quick-run defaults (jaxfl.data.registry's _IMAGE_RUN, _TEXT_RUN).
-    capped = {name: make_config({"task": name}).max_local_steps for name in PRESETS}
+    capped = {name: make_config({"task": name}).local.max_local_steps for name in PRESETS}
     assert capped == dict.fromkeys(PRESETS)
 
 

@@ -159,6 +159,8 @@ def test_config_sampler_bound_is_the_samplers():
         # Flags override these keys, and the file is still refused.
         ("typed.toml", b'rounds = "4"\n', ["typed.toml", "rounds", "integer"]),
         ("nested.toml", b"[rounds]\nx = 1\n", ["rounds", "integer"]),
+        ("sections.toml", b"[local]\nrounds = 3\n", ["rounds is a setting of server, not of section local"]),
+        ("empty-section.toml", b"[local]\n", ["holds no settings"]),
         ("null.json", b'{"rounds": null}', ["rounds must be set"]),
         ("nan.json", b'{"rounds": NaN}', ["rounds", "integer"]),
         ("inf.json", b'{"lr": Infinity}', ["lr", "finite"]),
@@ -387,7 +389,6 @@ def test_round_estimate_and_its_check(tiny_setup):
 
 
 def test_sweep_points_and_perfedavgs_adapted_models_are_counted(tiny_setup):
-    import dataclasses
 
     engine, dataset = tiny_setup.engine, tiny_setup.dataset
     one = round_nbytes(engine.task, dataset, engine.local, 5, engine.strategy)
@@ -401,7 +402,7 @@ def test_sweep_points_and_perfedavgs_adapted_models_are_counted(tiny_setup):
     with pytest.raises(ConfigError, match=r"^3 sweep points of one round"):
         check(3 * one - 1, num_points=3)
     # Per-FedAvg makes one adapted model per training client at the end: N x parameters x 4 bytes.
-    perfedavg = dataclasses.replace(tiny_setup.config, algorithm="perfedavg")
+    perfedavg = tiny_setup.config.replace(algorithm="perfedavg")
     num_parameters = count_parameters(jax.eval_shape(engine.task.model.init, jax.random.key(0)))
     adapted = dataset.train.num_clients * num_parameters * 4
     check(one + adapted, config=perfedavg)
@@ -438,11 +439,10 @@ def test_model_widths_that_do_not_fit_are_refused(tmp_path, capsys):
 
 
 def test_settings_the_data_makes_moot_warn(tiny_setup):
-    import dataclasses
 
     from jaxfl.training.local import LocalTraining
 
-    config = dataclasses.replace(tiny_setup.config, max_local_steps=1000, batch_size=1000)
+    config = tiny_setup.config.replace(max_local_steps=1000, batch_size=1000)
     local = LocalTraining(batch_size=1000, max_steps=1000)
     messages = data_warnings(config, tiny_setup.dataset, local)
     assert len(messages) == 2
@@ -538,6 +538,7 @@ DOC_FILES = {
     "twice.toml": b"clients-per-round = 3\nclients_per_round = 4\n",
     "typed.toml": b'rounds = "3"\n',
     "wide.toml": b"hidden_sizes = [3000000000]\n",
+    "sections.toml": b"[local]\nrounds = 3\n",
 }
 
 
@@ -591,7 +592,7 @@ def test_written_configs_rerun_without_refusal(tmp_path):
 def test_float32_bounds_are_numpys():
     assert FLOAT32_MAX == float(np.finfo(np.float32).max)
     assert FLOAT32_TINY == float(np.finfo(np.float32).tiny)
-    assert RunConfig().lr > FLOAT32_TINY
+    assert RunConfig().local.lr > FLOAT32_TINY
 
 
 def test_a_run_refused_after_a_data_warning_prints_only_its_error(tmp_path, capsys):

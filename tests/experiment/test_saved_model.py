@@ -34,7 +34,7 @@ def finished(tmp_path_factory):
 def test_saved_params_are_the_trained_ones_bit_for_bit(finished):
     result = run_algorithm(setup(make_config({**SETTINGS, "algorithm": "deltafl"})), "deltafl")
     saved = load_model(finished, "deltafl")
-    assert saved.algorithm == "deltafl" and saved.config.model == "linear"
+    assert saved.algorithm == "deltafl" and saved.config.network.model == "linear"
     for a, b in zip(jax.tree.leaves(saved.params), jax.tree.leaves(result.state.params), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
     assert jax.tree.structure(saved.params) == jax.tree.structure(jax.device_get(result.state.params))

@@ -32,4 +32,4 @@ def test_every_method_resolves_to_a_configuration(tmp_path):
         for method, (flags, tuned, grid) in script.METHODS.items():
             argv = ["run", *script.COMMON, *flags, tuned, str(grid[0]), "--side-information", "a.npz"]
             config = resolve_config(build_parser().parse_args(argv))
-            assert config.algorithms == [method] and config.epsilon == script.EPSILON
+            assert config.algorithms == [method] and config.privacy.epsilon == script.EPSILON
