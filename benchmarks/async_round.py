@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     entries = {
         label: _compiled(RunConfig().replace(rounds=200, eval_every=200, progress=False,
-                                             **{"availability": "always", **settings}))
+                                              **{"availability": "always", **settings}))
         for label, (settings, _) in SETTINGS.items()
     }  # fmt: skip
     times = {label: [] for label in entries}

@@ -45,6 +45,7 @@ from jaxfl.experiment.config import (
     make_config,
     read_config_file,
     section_fields,
+    section_title,
 )
 from jaxfl.experiment.interrupts import Terminated, sigterm_as_interrupt
 from jaxfl.xla_cpu import configure_cpu
@@ -118,7 +119,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             else:
                 group.add_argument(flag, type=_flag_value(name), default=None, help=help_text)
-    groups["what runs"].add_argument(
+    groups[section_title("data")].add_argument(
         "--dataset-option",
         action="append",
         type=_dataset_option,

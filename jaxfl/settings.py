@@ -1,8 +1,10 @@
 """A run setting as declared: its default, its allowed values and its help.
 
-`jaxfl.experiment.config.RunConfig` is built from these declarations: the
-run-level ones in its own body, the algorithms' own in their registry
-entries (`jaxfl.algorithms.registry.AlgorithmSpec.settings`). From each one
+`jaxfl.experiment.config.RunConfig`'s sections are built from these
+declarations: the run-level ones in the section classes of
+`jaxfl.experiment.config`, the algorithms' own in their registry entries
+(`jaxfl.algorithms.registry.AlgorithmSpec.settings`), which make its
+`options` and `privacy` sections. From each one
 come a config-file key, a command-line flag (the name with dashes), the
 value check and the `--help` line, so that none of them can disagree.
 

@@ -177,7 +177,7 @@ def _write_user_files(argv):
     if args.config and not Path(args.config).exists():
         assert args.config == "my_run.toml", f"no fixture for the config file {args.config}"
         Path(args.config).write_text(
-            "# Settings are RunConfig's fields (jaxfl run --help): flags override them.\n"
+            "# Settings by their flat names (jaxfl run --help): flags override them.\n"
             'algorithm = "fedavg,deltafl"\ntheta = 0.5\nrounds = 500\nclients_per_round = 50\n'
             "lr = 0.05\nseed = 0\n"
         )

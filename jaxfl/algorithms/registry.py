@@ -21,7 +21,8 @@ Each entry (`AlgorithmSpec`) is the one place that says, of its algorithm,
 This module imports no JAX (nor any algorithm): the configuration, the
 command line's help and its refusals read it before anything is compiled.
 
-Setting names are `jaxfl.experiment.config.RunConfig` field names, and the
+Setting names are the settings' flat names (`jaxfl.experiment.config`: the
+fields of `RunConfig.options` and `RunConfig.privacy`), and the
 hyperparameter names in `state.hparams` are the same names. A built
 algorithm's `hparam_defaults` may hold only some of its declared
 hyperparameters (Delta-FL takes 'smoothing' only with the smoothed

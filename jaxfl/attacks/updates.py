@@ -151,7 +151,7 @@ def _per_client_normal(key: Key, leaves: list[jax.Array]) -> list[jax.Array]:
     ]
 
 
-class _Cohort:
+class _AttackMasks:
     """The masks and weights every attack reads."""
 
     def __init__(self, attacked: jax.Array, weights: jax.Array):
@@ -165,7 +165,7 @@ class _Cohort:
         self.reference = jnp.where(self.any_benign, self.benign, self.changed)
 
 
-def _random_updates(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _random_updates(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """Thesis A2: x_i <- s_i * g_i, g_i ~ N(0, I) i.i.d., s_i = std(x_i).
 
     s_i = sqrt(mean_k (x_ik - mean_k x_ik)^2) is the population standard
@@ -184,7 +184,7 @@ def _random_updates(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Arra
     return [g * _rows(std.astype(g.dtype), g) for g in _per_client_normal(key, leaves)]
 
 
-def _model_replacement(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _model_replacement(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """Thesis A3: x_i <- scale * x_i, scale defaulting to the cohort size M.
 
     Li's thesis Section 5.3.1: malicious devices "scale their adversarial
@@ -200,19 +200,19 @@ def _model_replacement(leaves, cohort: _Cohort, key: Key, options) -> list[jax.A
     return [x.astype(_compute_dtype(x)) * jnp.asarray(scale, _compute_dtype(x)) for x in leaves]
 
 
-def _sign_flip(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _sign_flip(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """x_i <- -scale * x_i (sign flipping; `scale` = 1 by default, the plain reversal)."""
     del cohort, key  # Unused.
     return [-(x.astype(_compute_dtype(x)) * jnp.asarray(options["scale"], _compute_dtype(x))) for x in leaves]
 
 
-def _gaussian(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _gaussian(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """x_i <- std * g_i, g_i ~ N(0, I) i.i.d. (`std` = 1 by default, byzfl's Gaussian attack)."""
     del cohort  # Unused.
     return [g * jnp.asarray(options["std"], g.dtype) for g in _per_client_normal(key, leaves)]
 
 
-def _omniscient(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _omniscient(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """RFA's omniscient attack: every i in A sends the same u = (W T - S_B) / W_A.
 
     u solves (sum_{b in B} w_b x_b + W_A u) / W = T: the weighted mean of all
@@ -277,7 +277,7 @@ def alie_z(num_participants: jax.Array, num_attacked: jax.Array) -> jax.Array:
     return ndtri(jnp.maximum(quantile, 0.5))
 
 
-def _alie(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _alie(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """ALIE: every i in A sends mu - z * sigma (coordinate-wise).
 
     mu and sigma are the coordinate-wise mean and population standard
@@ -308,7 +308,7 @@ def _alie(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
     return out
 
 
-def _ipm(leaves, cohort: _Cohort, key: Key, options) -> list[jax.Array]:
+def _ipm(leaves, cohort: _AttackMasks, key: Key, options) -> list[jax.Array]:
     """IPM: every i in A sends -epsilon * xbar_B, xbar_B = S_B / W_B.
 
     Xie, Koyejo, Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD
@@ -402,7 +402,7 @@ def attack_updates(
         raise ValueError(f"attacked must be bool [{num_clients}], got {attacked.dtype} {attacked.shape}")
     if weights.shape != (num_clients,) or not jnp.issubdtype(weights.dtype, jnp.number):
         raise ValueError(f"weights must be real [{num_clients}], got {weights.dtype} {weights.shape}")
-    cohort = _Cohort(attacked, weights)
+    cohort = _AttackMasks(attacked, weights)
     forged = _ATTACKS[attack](leaves, cohort, key, resolved)
     out = [
         jnp.where(_rows(cohort.changed, x), new.astype(x.dtype), x)

@@ -70,7 +70,7 @@ class DatasetSpec:
         they differ from the generator's own defaults.
       fixed: arguments the name sets and the caller may not.
       source: where the data comes from (for `jaxfl list`).
-      run_defaults: run settings (`RunConfig` fields) for this dataset, used
+      run_defaults: run settings (by flat name, `RunConfig.setting`) for this dataset, used
         where a run does not set them: at least its default model.
       status: says whether the data is here without `--data-dir` (for
         `jaxfl list`); None for generated data.

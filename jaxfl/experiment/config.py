@@ -1,10 +1,14 @@
-"""The configuration of a run: every field, its default, its allowed range.
+"""The configuration of a run: every setting, its default, its allowed range.
 
-One table (`RunConfig`'s field metadata) drives the command-line flags, the
-config-file keys and the validation, so the three never disagree. The
-run-level fields are declared here; each algorithm's own settings are
-declared once in its registry entry (`jaxfl.algorithms.registry`) and join
-`RunConfig` from there. Errors are `ConfigError`s whose message is one line
+`RunConfig` holds the settings in frozen sections (`config.data.dataset`,
+`config.local.lr`, `config.server.rounds`, `config.options.theta`, ...;
+`SECTIONS`), and each setting also has one flat name, unique over the
+sections, that is its flag and config-file key. One table (the fields'
+metadata) drives the command-line flags, the config-file keys and the
+validation, so the three never disagree. The run-level sections are
+declared here; each algorithm's own settings are declared once in its
+registry entry (`jaxfl.algorithms.registry`) and make the `options` and
+`privacy` sections from there. Errors are `ConfigError`s whose message is one line
 naming the field and what is allowed; the CLI prints it and exits with
 status 2.
 
@@ -424,7 +428,6 @@ def _algorithm_section(name: str, section: str, doc: str, title: str) -> type:
         namespace={"TITLE": title},
         frozen=True,
     )
-    cls.__annotations__["TITLE"] = "ClassVar[str]"
     cls.__module__ = __name__
     cls.__doc__ = doc
     return cls
@@ -502,12 +505,18 @@ class RunConfig:
 
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> RunConfig:
-        """The config of these settings by flat name (unchecked; `make_config` checks), defaults elsewhere."""
-        unknown = sorted(set(values) - set(SECTION_OF))
-        if unknown:
-            raise ConfigError(
-                f"unknown setting {_shown(unknown[0])}; valid settings: {', '.join(sorted(FIELDS))}"
-            )
+        """The config of these settings by flat name (unchecked; `make_config` checks), defaults elsewhere.
+
+        `hidden_sizes` is held as a tuple and `dataset_options` as a copy, so
+        that `from_settings(config.to_dict()) == config`.
+        """
+        for name in values:
+            _known(name)
+        values = dict(values)
+        if "hidden_sizes" in values:
+            values["hidden_sizes"] = tuple(values["hidden_sizes"])
+        if "dataset_options" in values:
+            values["dataset_options"] = dict(values["dataset_options"])
         own = {name: value for name, value in values.items() if SECTION_OF[name] is None}
         sections = {
             section: section_class(**{
@@ -519,7 +528,7 @@ class RunConfig:
 
     def setting(self, name: str) -> Any:
         """The value of the setting named `name` (flat name)."""
-        section = SECTION_OF[name]
+        section = SECTION_OF[_known(name)]
         return getattr(self if section is None else getattr(self, section), name)
 
     def replace(self, **values: Any) -> RunConfig:
@@ -545,6 +554,12 @@ class RunConfig:
         return out
 
 
+def _known(name: str) -> str:
+    if name not in SECTION_OF:
+        raise ConfigError(f"unknown setting {_shown(name)}; valid settings: {', '.join(sorted(FIELDS))}")
+    return name
+
+
 def _section_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     return tuple(f for f in dataclasses.fields(cls) if f.name not in SECTIONS)
 
@@ -560,10 +575,18 @@ FIELDS = {
 DEFAULTS = RunConfig()
 
 
+def section_title(section: str | None) -> str:
+    """`--help`'s title of a section (None: `RunConfig`'s own settings), with its config-file table."""
+    if section is None:
+        return RunConfig.TITLE
+    return f"{SECTIONS[section].TITLE} [{section}]"
+
+
 def section_fields() -> dict[str, list[str]]:
-    """Section title (`--help`'s groups) -> its settings' flat names, in order."""
+    """Section title (`--help`'s groups, `section_title`) -> its settings' flat names, in order."""
     return {
-        cls.TITLE: [f.name for f in _section_fields(cls)] for cls in (RunConfig, *SECTIONS.values())
+        section_title(section): [f.name for f in _section_fields(RunConfig if section is None else cls)]
+        for section, cls in {None: RunConfig, **SECTIONS}.items()
     }
 
 
@@ -928,7 +951,7 @@ def check_settings(config: RunConfig) -> None:
       ConfigError: the first refused combination.
     """
     settings = config.flat()  # Its messages name settings by their flat names.
-    names = [name.strip() for name in settings.algorithm.split(",")]
+    names = [name.strip() for name in config.algorithm.split(",")]
     if any(not name for name in names):
         raise ConfigError(
             f"algorithm must be comma-separated names without empty entries, got {_shown(config.algorithm)}"
@@ -1111,6 +1134,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     spelled: dict[str, str] = {}
     for key, value, section in _file_entries(data, where):
         name = key.replace("-", "_")
+        if section is not None:
+            key = f"{section}.{key}"
         if name in settings:
             raise ConfigError(f"{where} sets {name} twice ({spelled[name]!r} and {key!r})")
         if section is not None and name in SECTION_OF and SECTION_OF[name] != section:

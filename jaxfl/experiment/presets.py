@@ -31,7 +31,7 @@ class TaskPreset:
     Attributes:
       summary: one line for `jaxfl list`.
       source: the paper or code the settings come from.
-      settings: `RunConfig` field values (dataset options as a mapping).
+      settings: settings by flat name (`RunConfig.from_settings`; dataset options as a mapping).
       published: the published figure the protocol is judged against, if any.
     """
 

@@ -122,16 +122,16 @@ def run_robustness(
     Raises:
       ConfigError: an invalid aggregator or attack setting.
     """
-    aggregate = run_aggregator(config) if config.robustness.aggregator != "mean" else None
-    if config.robustness.attack is None:
-        if config.robustness.attack_data is not None:
+    settings = config.robustness
+    aggregate = run_aggregator(config) if settings.aggregator != "mean" else None
+    if settings.attack is None:
+        if settings.attack_data is not None:
             raise ConfigError("attack_data needs an update attack (--attack NAME)")
         return (Robustness(aggregator=aggregate) if aggregate else None), dataset, None
-    robustness = config.robustness
-    data_attack = robustness.attack if robustness.attack in DATA_ATTACKS else robustness.attack_data
-    update_attack = None if config.robustness.attack in DATA_ATTACKS else config.robustness.attack
-    if config.robustness.attack in DATA_ATTACKS and config.robustness.attack_data is not None:
-        raise ConfigError(f"attack_data is for update attacks; {robustness.attack} is a data attack already")
+    data_attack = settings.attack if settings.attack in DATA_ATTACKS else settings.attack_data
+    update_attack = None if settings.attack in DATA_ATTACKS else settings.attack
+    if settings.attack in DATA_ATTACKS and settings.attack_data is not None:
+        raise ConfigError(f"attack_data is for update attacks; {settings.attack} is a data attack already")
     try:
         corrupted = corrupted_training_clients(config, dataset.train)
         if data_attack is not None:

@@ -161,7 +161,7 @@ class DpBudget:
         """The noise hyperparameters of a run (module docstring).
 
         Args:
-          settings: the run's settings by attribute (a `RunConfig`): epsilon,
+          settings: the run's settings by flat name as attributes (`RunConfig.flat()`): epsilon,
             delta (None: 1/n), rounds, and for DP Delta-FL
             dp_quantile_ratio, dp_bins, dp_bits, dp_scale.
           num_clients: n, the training clients.

@@ -199,7 +199,7 @@ def test_a_setting_is_declared_once_and_its_field_derived_from_the_declaration(m
     from jaxfl.algorithms import registry
     from jaxfl.settings import Setting
 
-    # Every declared setting is a RunConfig field with the declared default, help and range.
+    # Every declared setting is a RunConfig setting with the declared default, help and range.
     for name, setting in registry.algorithm_settings().items():
         meta = FIELDS[name].metadata
         assert DEFAULTS.setting(name) == setting.default, name

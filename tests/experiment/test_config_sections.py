@@ -33,8 +33,9 @@ def test_every_setting_lives_in_exactly_one_section_under_its_flat_name():
     # The algorithms' settings are the options and privacy sections, by their declared section.
     for name, setting in algorithm_settings().items():
         assert SECTION_OF[name] == {"algorithm": "options", "privacy": "privacy"}[setting.section], name
-    # --help's groups are the sections, in order.
-    assert list(section_fields()) == [RunConfig.TITLE, *(cls.TITLE for cls in SECTIONS.values())]
+    # --help's groups are the sections, in order, each naming its config-file table.
+    titles = [RunConfig.TITLE, *(f"{cls.TITLE} [{section}]" for section, cls in SECTIONS.items())]
+    assert list(section_fields()) == titles
 
 
 def test_flat_names_in_and_out():
@@ -45,6 +46,8 @@ def test_flat_names_in_and_out():
     assert set(flat) == set(FIELDS) and all(flat[name] == config.setting(name) or name == "hidden_sizes"
                                             for name in FIELDS)
     assert RunConfig.from_settings({name: config.setting(name) for name in FIELDS}) == config
+    assert RunConfig.from_settings(flat) == config  # hidden_sizes a tuple again, dataset_options copied.
+    assert RunConfig.from_settings(flat).data.dataset_options is not flat["dataset_options"]
     assert json.loads(json.dumps(flat)) == flat  # config.json holds flat names.
     assert make_config(flat) == config
     # replace: a copy with flat-named settings changed; the original is frozen and unchanged.
@@ -57,6 +60,8 @@ def test_flat_names_in_and_out():
     assert config.flat().lr == 0.25 and config.flat().theta == 0.3
     with pytest.raises(ConfigError, match="unknown setting 'learning_rate'"):
         config.replace(learning_rate=0.1)
+    with pytest.raises(ConfigError, match="unknown setting 'learning_rate'"):
+        config.setting("learning_rate")
     assert DEFAULTS == RunConfig() and DEFAULTS.local.lr == FIELDS["lr"].default
 
 
@@ -75,7 +80,7 @@ def test_config_files_may_group_settings_by_section(tmp_path):
         ("local = 3\n", "local is a section: it must hold a table"),
         ("[local]\nlearning_rate = 3\n", "unknown setting 'learning_rate'"),
         ("[local]\nlr = -1\n", "lr must be > 0.0"),
-        ("lr = 0.1\n[local]\nlr = 0.2\n", "sets lr twice"),
+        ("lr = 0.1\n[local]\nlr = 0.2\n", r"sets lr twice \('lr' and 'local.lr'\)"),
     ]:
         toml.write_text(text)
         with pytest.raises(ConfigError, match=words):

@@ -389,7 +389,6 @@ def test_round_estimate_and_its_check(tiny_setup):
 
 
 def test_sweep_points_and_perfedavgs_adapted_models_are_counted(tiny_setup):
-
     engine, dataset = tiny_setup.engine, tiny_setup.dataset
     one = round_nbytes(engine.task, dataset, engine.local, 5, engine.strategy)
 
@@ -439,7 +438,6 @@ def test_model_widths_that_do_not_fit_are_refused(tmp_path, capsys):
 
 
 def test_settings_the_data_makes_moot_warn(tiny_setup):
-
     from jaxfl.training.local import LocalTraining
 
     config = tiny_setup.config.replace(max_local_steps=1000, batch_size=1000)
