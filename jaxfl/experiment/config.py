@@ -1159,6 +1159,12 @@ def _file_entries(data: Mapping[str, Any], where: str):
     for key, value in data.items():
         section = key.replace("-", "_")
         if section not in SECTIONS:
+            if isinstance(value, dict) and section in SECTION_OF and section != "dataset_options":
+                home = SECTION_OF[section] or "the top level"
+                raise ConfigError(
+                    f"{where}: [{key}] is not a section (the tables are {', '.join(SECTIONS)}): "
+                    f"{section} is a setting of {home}"
+                )
             yield key, value, None
             continue
         if not isinstance(value, dict):

@@ -78,6 +78,8 @@ def test_config_files_may_group_settings_by_section(tmp_path):
         ("[local]\nrounds = 3\n", "rounds is a setting of server, not of section local"),
         ("[server]\nalgorithm = 'fedavg'\n", "algorithm is a setting of the top level"),
         ("local = 3\n", "local is a section: it must hold a table"),
+        ("[model]\nmodel = 'mlp'\n",
+         r"\[model\] is not a section \(the tables are data, network, .*\): model is a setting of network"),
         ("[local]\nlearning_rate = 3\n", "unknown setting 'learning_rate'"),
         ("[local]\nlr = -1\n", "lr must be > 0.0"),
         ("lr = 0.1\n[local]\nlr = 0.2\n", r"sets lr twice \('lr' and 'local.lr'\)"),

@@ -158,7 +158,7 @@ def test_config_sampler_bound_is_the_samplers():
         ("twice.toml", b"clients-per-round = 3\nclients_per_round = 4\n", ["clients_per_round twice"]),
         # Flags override these keys, and the file is still refused.
         ("typed.toml", b'rounds = "4"\n', ["typed.toml", "rounds", "integer"]),
-        ("nested.toml", b"[rounds]\nx = 1\n", ["rounds", "integer"]),
+        ("nested.toml", b"[rounds]\nx = 1\n", ["[rounds] is not a section", "rounds is a setting of server"]),
         ("sections.toml", b"[local]\nrounds = 3\n", ["rounds is a setting of server, not of section local"]),
         ("empty-section.toml", b"[local]\n", ["holds no settings"]),
         ("null.json", b'{"rounds": null}', ["rounds must be set"]),
