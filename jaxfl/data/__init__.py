@@ -21,12 +21,7 @@ from jaxfl.data.registry import (
     dataset_run_defaults,
     load_dataset,
 )
-from jaxfl.data.synthetic import (
-    fedprox_synthetic,
-    label_shift,
-    many_clients,
-    peer_benchmark,
-)
+from jaxfl.data.synthetic import fedprox_synthetic, label_shift, many_clients, peer_benchmark
 
 __all__ = [
     "DATASETS",

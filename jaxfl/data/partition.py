@@ -108,6 +108,16 @@ def _check_num_clients(num_clients, num_examples):
     )
 
 
+def _check_sizes(num_examples, num_clients):
+    """(E, N) as ints with E >= 1 and N in [1, E]."""
+    num_examples = check_int("num_examples", num_examples, minimum=1)
+    return num_examples, _check_num_clients(num_clients, num_examples)
+
+
+def _seeded_rng(seed) -> np.random.Generator:
+    return np.random.default_rng(check_int("seed", seed, minimum=0))
+
+
 def _check_per_client(name, value, minimum, num_examples, num_clients, why=""):
     """`value` as an int in [minimum, E // N]: a per-client count that every client can have at once."""
     return check_int(
@@ -204,9 +214,8 @@ def iid(num_examples: int, num_clients: int, *, seed: int) -> list[np.ndarray]:
     Raises:
       ValueError: an argument outside its range.
     """
-    num_examples = check_int("num_examples", num_examples, minimum=1)
-    num_clients = _check_num_clients(num_clients, num_examples)
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    num_examples, num_clients = _check_sizes(num_examples, num_clients)
+    rng = _seeded_rng(seed)
     return [
         part.astype(np.int64, copy=False)
         for part in np.array_split(rng.permutation(num_examples), num_clients)
@@ -333,7 +342,7 @@ def dirichlet(
     if not isinstance(balance, bool | np.bool_):
         raise ValueError(f"balance must be True or False, got {balance!r}")
     max_attempts = check_int("max_attempts", max_attempts, minimum=1)
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = _seeded_rng(seed)
 
     num_classes = int(labels.max()) + 1
     class_sizes = np.bincount(labels, minlength=num_classes)
@@ -540,7 +549,7 @@ def dirichlet_mixture(
     prior = _check_prior(prior, labels, class_sizes)
     num_classes = prior.size
     class_sizes = np.bincount(labels, minlength=num_classes)
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = _seeded_rng(seed)
 
     concentration = alpha * num_classes * prior
     support = np.flatnonzero(concentration > 0)
@@ -602,7 +611,8 @@ def shards(
       order.
 
     Raises:
-      ValueError: an argument outside its range.
+      ValueError: an argument outside its range, N * shards_per_client > E
+        included.
     """
     labels = _check_labels(labels)
     num_examples = labels.size
@@ -610,7 +620,7 @@ def shards(
     shards_per_client = _check_per_client(
         "shards_per_client", shards_per_client, 1, num_examples, num_clients, ", so no shard is empty"
     )
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = _seeded_rng(seed)
     num_shards = num_clients * shards_per_client
     pool, _ = _class_pools(rng, labels, int(labels.max()) + 1)
     shard_sizes = np.full(num_shards, num_examples // num_shards, np.int64)
@@ -725,16 +735,16 @@ def lognormal_sizes(
       min_size: the fewest examples of any client, in [0, E // N].
 
     Returns:
-      N int64 index arrays, disjoint and covering `range(E)`, each in random
-      order.
+      As `iid`: N disjoint int64 index arrays covering `range(E)`, each in
+      random order, of the drawn sizes.
 
     Raises:
-      ValueError: an argument outside its range.
+      ValueError: an argument outside its range (as `iid`, and `sigma` or
+        `min_size`).
     """
-    num_examples = check_int("num_examples", num_examples, minimum=1)
-    num_clients = _check_num_clients(num_clients, num_examples)
+    num_examples, num_clients = _check_sizes(num_examples, num_clients)
     min_size = _check_per_client("min_size", min_size, 0, num_examples, num_clients)
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = _seeded_rng(seed)
     sizes = lognormal_client_sizes(num_examples, num_clients, sigma, rng, min_size)
     return _split(rng.permutation(num_examples), sizes)
 
@@ -783,7 +793,7 @@ def split_each_client(
     if not arrays:
         raise ValueError("parts must hold at least one client, got none")
     fraction = check_fraction("fraction", fraction)
-    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    rng = _seeded_rng(seed)
 
     sizes = np.array([a.size for a in arrays], np.int64)
     held = np.floor(fraction * sizes + 0.5).astype(np.int64)

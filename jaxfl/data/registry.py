@@ -37,12 +37,7 @@ from jaxfl.data.datasets.stackoverflow import stackoverflow
 from jaxfl.data.datasets.tfds import tfds_dataset
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
-from jaxfl.data.synthetic import (
-    fedprox_synthetic,
-    label_shift,
-    many_clients,
-    peer_benchmark,
-)
+from jaxfl.data.synthetic import fedprox_synthetic, label_shift, many_clients, peer_benchmark
 
 __all__ = [
     "DATASETS",

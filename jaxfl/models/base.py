@@ -6,7 +6,8 @@ A leaf of `jaxfl.models`: the architectures (`networks`, `vision`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -28,6 +29,42 @@ def default_conv(backend: str) -> str:
     slower (docs/strategies.md, section "The measurements behind them").
     """
     return "canonical" if backend == "cpu" else "lax"
+
+
+def image_input_shape(
+    name: str,
+    input_shape: Sequence[int],
+    input_vocab_size: int | None,
+    num_classes: int,
+    min_side: int = 1,
+) -> tuple[int, int, int]:
+    """(H, W, C) of an image model's inputs, from `[H, W, C]` or flat square grayscale (784 = 28x28x1).
+
+    Raises:
+      ValueError: token inputs (`input_vocab_size` set), a shape that is
+        neither, a side under `min_side`, or no class.
+    """
+    if input_vocab_size is not None:
+        raise ValueError(f"{name} needs images; this dataset's inputs are token ids")
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) == 1:
+        side = math.isqrt(shape[0])
+        if side * side != shape[0]:
+            raise ValueError(
+                f"{name} needs square images: input shape {shape} has {shape[0]} features, "
+                "not a perfect square"
+            )
+        shape = (side, side, 1)
+    elif len(shape) != 3:
+        raise ValueError(
+            f"{name} needs [H, W, C] images or flat square grayscale ones, got input shape {shape}"
+        )
+    height, width, _ = shape
+    if min(height, width) < min_side:
+        raise ValueError(f"{name} needs images of at least {min_side}x{min_side}, got {height}x{width}")
+    if num_classes < 1:
+        raise ValueError(f"{name} needs at least one class, got num_classes={num_classes}")
+    return shape  # type: ignore[return-value]
 
 
 class Model(NamedTuple):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 # Model, default_conv and CONV_IMPLEMENTATIONS are also imported from here.
-from jaxfl.models.base import CONV_IMPLEMENTATIONS, Model, as_model, default_conv  # noqa: F401
+from jaxfl.models.base import CONV_IMPLEMENTATIONS, Model, as_model, default_conv, image_input_shape  # noqa: F401
 from jaxfl.models.convolution import same_conv2d
 from jaxfl.models.sequence import SEQUENCE_MODELS
 from jaxfl.models.vision import VISION_MODELS
@@ -290,20 +290,6 @@ def _conv_as_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Arr
     return patches @ matrix + bias.reshape(1, 1, 1, out_channels)
 
 
-def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """Reads flat square images (e.g. 784 = 28x28) or explicit HxWxC shapes."""
-    if len(input_shape) == 3:
-        return tuple(input_shape)  # type: ignore[return-value]
-    size = math.prod(input_shape)
-    side = math.isqrt(size)
-    if side * side != size:
-        raise ValueError(
-            f"the convnet needs square images: input shape {input_shape} has "
-            f"{size} features, not a perfect square"
-        )
-    return (side, side, 1)
-
-
 def model_names() -> tuple[str, ...]:
     return ("linear", "mlp", "convnet", "embedding-bag", "bag-logistic", *VISION_MODELS, *SEQUENCE_MODELS)
 
@@ -402,11 +388,9 @@ def make_model(
             lambda rngs: BagOfWordsLogistic(vocab - 4, num_classes, rngs=rngs), name, flops
         )
     if name == "convnet":
-        if vocab is not None:
-            raise ValueError("the convnet needs images; this dataset's inputs are token ids")
+        image_shape = image_input_shape("the convnet", input_shape, vocab, num_classes)
         if conv == "auto":
             conv = default_conv(jax.default_backend())
-        image_shape = _image_shape(tuple(input_shape))
         return as_model(
             lambda rngs: ConvNet(image_shape, num_classes, conv=conv, rngs=rngs),
             name,

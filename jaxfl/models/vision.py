@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
-from jaxfl.models.base import Model, as_model, default_conv
+from jaxfl.models.base import Model, as_model, default_conv, image_input_shape
 from jaxfl.models.convolution import same_conv2d
 from jaxfl.types import Key
 
@@ -140,34 +140,6 @@ def _conv_flops(height: int, width: int, kernel: int, in_channels: int, out_chan
     return 2 * height * width * kernel * kernel * in_channels * out_channels
 
 
-def _image_shape(name: str, input_shape: Sequence[int], vocab: int | None) -> tuple[int, int, int]:
-    """(H, W, C) from flat square grayscale shapes (784 = 28x28x1) or explicit [H, W, C]."""
-    if vocab is not None:
-        raise ValueError(f"{name} needs images; this dataset's inputs are token ids")
-    input_shape = tuple(int(d) for d in input_shape)
-    if len(input_shape) == 3:
-        return input_shape  # type: ignore[return-value]
-    if len(input_shape) != 1:
-        raise ValueError(
-            f"{name} needs [H, W, C] images or flat square grayscale ones, got input shape {input_shape}"
-        )
-    size = input_shape[0]
-    side = math.isqrt(size)
-    if side * side != size:
-        raise ValueError(
-            f"{name} needs square images: input shape {input_shape} has {size} features, not a perfect square"
-        )
-    return (side, side, 1)
-
-
-def _check_common(name: str, image_shape: tuple[int, int, int], num_classes: int, minimum: int) -> None:
-    height, width, _ = image_shape
-    if min(height, width) < minimum:
-        raise ValueError(f"{name} needs images of at least {minimum}x{minimum}, got {height}x{width}")
-    if num_classes < 1:
-        raise ValueError(f"{name} needs at least one class, got num_classes={num_classes}")
-
-
 def _conv_impl(name: str, conv: str) -> str:
     if conv not in CONV_CHOICES:
         raise ValueError(f"{name}: conv must be one of {CONV_CHOICES}, got {conv!r}")
@@ -239,8 +211,7 @@ def build_emnist_cr_cnn(
       28x28x1 inputs and 62 classes.
     """
     name = "emnist-cr-cnn"
-    image_shape = _image_shape(name, input_shape, input_vocab_size)
-    _check_common(name, image_shape, num_classes, 6)
+    image_shape = image_input_shape(name, input_shape, input_vocab_size, num_classes, 6)
     rates = tuple(float(r) for r in dropout)
     if len(rates) != 2 or not all(0.0 <= r < 1.0 for r in rates):
         raise ValueError(f"{name} needs two dropout rates in [0, 1), got {dropout}")
@@ -378,8 +349,7 @@ def build_leaf_cnn(
       28x28x1 inputs and 62 classes.
     """
     name = "leaf-cnn"
-    image_shape = _image_shape(name, input_shape, input_vocab_size)
-    _check_common(name, image_shape, num_classes, 4)
+    image_shape = image_input_shape(name, input_shape, input_vocab_size, num_classes, 4)
     impl = _conv_impl(name, conv)
     return as_model(
         lambda rngs: TwoConvNet(
@@ -419,11 +389,11 @@ def build_deltafl_convnet(
       28x28x1 inputs, 62 classes and 'valid' padding.
     """
     name = "deltafl-convnet"
-    image_shape = _image_shape(name, input_shape, input_vocab_size)
     if str(padding).upper() not in ("VALID", "SAME"):
         raise ValueError(f"{name}: padding must be 'valid' or 'same', got {padding!r}")
     pad = str(padding).upper()
-    _check_common(name, image_shape, num_classes, 16 if pad == "VALID" else 4)
+    min_side = 16 if pad == "VALID" else 4
+    image_shape = image_input_shape(name, input_shape, input_vocab_size, num_classes, min_side)
     impl = _conv_impl(name, conv)
     return as_model(
         lambda rngs: TwoConvNet(
@@ -651,9 +621,9 @@ def build_resnet18_gn(
       defaults.
     """
     name = "resnet18-gn"
-    image_shape = _image_shape(name, input_shape, input_vocab_size)
+    min_side = 1 if crop_size is None else crop_size
+    image_shape = image_input_shape(name, input_shape, input_vocab_size, num_classes, min_side)
     height, width_px, channels = image_shape
-    _check_common(name, image_shape, num_classes, 1 if crop_size is None else crop_size)
     if crop_size is not None and crop_size < 1:
         raise ValueError(f"{name}: crop_size must be positive or None, got {crop_size}")
     if groups < 1 or width < 1 or width % groups:
