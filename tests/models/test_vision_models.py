@@ -406,3 +406,19 @@ def test_vmap_over_clients_matches_each_client(name, small_resnet):
 def test_wrong_inputs_raise(name, shape, options, message):
     with pytest.raises(ValueError, match=message):
         VISION_MODELS[name](shape, 10, **options)
+
+
+@pytest.mark.parametrize(
+    "shape, num_classes, message",
+    [
+        ((60,), 10, "the convnet needs square images: input shape \\(60,\\) has 60 features"),
+        ((28, 28), 10, "the convnet needs \\[H, W, C\\] images"),
+        ((784,), 0, "the convnet needs at least one class"),
+    ],
+)
+def test_convnet_checks_its_inputs_as_the_vision_models_do(shape, num_classes, message):
+    from jaxfl.models.networks import make_model
+
+    with pytest.raises(ValueError, match=message):
+        make_model("convnet", shape, num_classes)
+    assert make_model("convnet", (28, 28, 1), 10).name == "convnet"
