@@ -61,7 +61,7 @@ from jaxfl.data.datasets.common import (
     load_cached,
     missing,
     progress_bar,
-    size_statistics,
+    write_population,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
@@ -163,6 +163,125 @@ def next_word_examples(ids_per_post: list[np.ndarray], vocab: WordVocabulary, le
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def _word_vocabulary(
+    word_count: Path | None, train: ClientSource, vocab_size: int, cap: int | None
+) -> tuple[WordVocabulary, str]:
+    """The top `vocab_size` words of `word_count`, or counted over the training clients; and a note."""
+    if word_count is not None:
+        try:
+            text = word_count.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise DataFileError(f"{word_count}: unreadable ({error})") from None
+        try:
+            return WordVocabulary.from_word_count(text, vocab_size), f"top {vocab_size} of {word_count.name}"
+        except ValueError as error:
+            raise DataFileError(f"{word_count}: {error}") from None
+    counts: collections.Counter = collections.Counter()
+    with (
+        progress_bar(train.total, "stackoverflow: counting words") as bar,
+        contextlib.closing(train.clients()) as clients,
+    ):
+        for client, features in clients:
+            bar.update(1)
+            for post in _posts(features, f"{train.path}: {client}")[:cap]:
+                counts.update(post.split(" "))
+    counts.pop("", None)
+    words = [w for w, _ in counts.most_common(vocab_size)]
+    return WordVocabulary(words), f"top {len(words)} words counted over the training clients"
+
+
+def _tag_vocabulary(tag_count: Path, num_tags: int) -> TagVocabulary:
+    try:
+        text = tag_count.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataFileError(f"{tag_count}: unreadable ({error})") from None
+    try:
+        return TagVocabulary.from_tag_count(text, num_tags)
+    except ValueError as error:
+        raise DataFileError(f"{tag_count}: {error}") from None
+
+
+class _Histogram:
+    """Counts of non-negative integers (words per post), grown as larger ones appear."""
+
+    def __init__(self, size: int):
+        self.counts = np.zeros(size, np.int64)
+
+    def add(self, values: np.ndarray) -> None:
+        counts = np.bincount(values)
+        if counts.size > self.counts.size:
+            self.counts = np.pad(self.counts, (0, counts.size - self.counts.size))
+        self.counts[: counts.size] += counts
+
+
+def _post_examples(
+    features: dict, where: str, options: dict, vocab: WordVocabulary, tag_vocab: TagVocabulary | None
+) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None]:
+    """A client's examples in `options["layout"]` (None without posts) and, for 'tags', its posts' lengths."""
+    cap = options["max_examples_per_client"]
+    posts = _posts(features, where)[:cap]
+    if not posts:
+        return None, None
+    if options["layout"] == "tags":
+        titles = _posts(features, where, "title")[:cap]
+        tags = _posts(features, where, "tags")[:cap]
+        x, y, lengths = tag_examples(posts, titles, tags, vocab, tag_vocab, options["max_words"])
+        return {"x": x, "y": y}, lengths
+    length = options["sequence_length"]
+    if options["layout"] == "sequence":
+        pairs = [word_sequences(p, vocab, length) for p in posts]
+        x, y = np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+    else:
+        x, y = next_word_examples([vocab.encode(p) for p in posts], vocab, length)
+    return {"x": x.astype(np.int32), "y": y.astype(np.int32)}, None
+
+
+def _clients(source: ClientSource, options: dict, vocab, tag_vocab, words_per_post: _Histogram):
+    """(client, examples) of every client of `source`; counts the words per post ('tags')."""
+    with contextlib.closing(source.clients()) as clients:
+        for client, features in clients:
+            where = f"{source.path}: {client}"
+            examples, lengths = _post_examples(features, where, options, vocab, tag_vocab)
+            if lengths is not None:
+                words_per_post.add(lengths)
+            yield client, examples
+
+
+def _metadata(statistics, vocab, vocab_note, tag_vocab, tag_count, source_format, directory, options):
+    cap = options["max_examples_per_client"]
+    if options["layout"] != "tags":
+        length = options["sequence_length"]
+        return {
+            "num_classes": vocab.size,
+            "input_shape": [length],
+            "input_vocab_size": vocab.size,
+            # Next-word accuracy as Reddi et al. and FedJAX count it (both layouts).
+            "excluded_target_ids": list(vocab.special_ids),
+            "description": (
+                f"StackOverflow by user ({source_format}, {directory}), {options['layout']} examples of "
+                f"{length} words, vocabulary: {vocab_note}, <= {cap} posts per client"
+            ),
+            "statistics": statistics,
+            "format": source_format,
+        }
+    max_words = options["max_words"]
+    words, posts = statistics["train"]["words_per_post"], statistics["train"]["examples"]
+    return {
+        "num_classes": tag_vocab.size,
+        "input_shape": [max_words],
+        "input_vocab_size": vocab.size,
+        "description": (
+            f"StackOverflow by user ({source_format}, {directory}), tag prediction: the "
+            f"{tag_vocab.size} most used tags of {tag_count.name} (multi-hot) from the words of "
+            f"title + tokens (<= {max_words} ids per post; {words['truncated_posts']} of {posts} "
+            f"training posts longer, 99th percentile {words['p99']} words), vocabulary: "
+            f"{vocab_note}, <= {cap} posts per client"
+        ),
+        "statistics": statistics,
+        "format": source_format,
+    }
+
+
 def stackoverflow(
     *,
     data_dir: str | None = None,
@@ -218,114 +337,25 @@ def stackoverflow(
         options.update(num_tags=num_tags, max_words=max_words)
         del options["sequence_length"]
 
-    def vocabulary() -> tuple[WordVocabulary, str]:
-        if word_count is not None:
-            try:
-                text = word_count.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
-                raise DataFileError(f"{word_count}: unreadable ({error})") from None
-            try:
-                return WordVocabulary.from_word_count(
-                    text, vocab_size
-                ), f"top {vocab_size} of {word_count.name}"
-            except ValueError as error:
-                raise DataFileError(f"{word_count}: {error}") from None
-        counts: collections.Counter = collections.Counter()
-        source = sources["train"]
-        with (
-            progress_bar(source.total, "stackoverflow: counting words") as bar,
-            contextlib.closing(source.clients()) as clients,
-        ):
-            for client, features in clients:
-                bar.update(1)
-                for post in _posts(features, f"{source.path}: {client}")[:cap]:
-                    counts.update(post.split(" "))
-        counts.pop("", None)
-        words = [w for w, _ in counts.most_common(vocab_size)]
-        return WordVocabulary(words), f"top {len(words)} words counted over the training clients"
-
-    def tag_vocabulary() -> TagVocabulary:
-        try:
-            text = tag_count.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise DataFileError(f"{tag_count}: unreadable ({error})") from None
-        try:
-            return TagVocabulary.from_tag_count(text, num_tags)
-        except ValueError as error:
-            raise DataFileError(f"{tag_count}: {error}") from None
-
     def build(builder):
-        vocab, vocab_note = vocabulary()
-        tag_vocab = tag_vocabulary() if layout == "tags" else None
+        vocab, vocab_note = _word_vocabulary(word_count, sources["train"], vocab_size, cap)
+        tag_vocab = _tag_vocabulary(tag_count, num_tags) if layout == "tags" else None
         statistics = {}
         for population, source in sources.items():
-            writer = builder.population(population)
-            counts = []
-            histogram = np.zeros(max_words + 2, np.int64)
-            with (
-                progress_bar(source.total, f"stackoverflow {population} clients") as bar,
-                contextlib.closing(source.clients()) as clients,
-            ):
-                for client, features in clients:
-                    bar.update(1)
-                    where = f"{source.path}: {client}"
-                    posts = _posts(features, where)[:cap]
-                    if not posts:
-                        continue
-                    if layout == "tags":
-                        titles = _posts(features, where, "title")[:cap]
-                        tags = _posts(features, where, "tags")[:cap]
-                        x, y, lengths = tag_examples(posts, titles, tags, vocab, tag_vocab, max_words)
-                        lengths = np.bincount(lengths)
-                        if lengths.size > histogram.size:
-                            histogram = np.pad(histogram, (0, lengths.size - histogram.size))
-                        histogram[: lengths.size] += lengths
-                        writer.add(client, {"x": x, "y": y})
-                        counts.append(len(y))
-                        continue
-                    if layout == "sequence":
-                        pairs = [word_sequences(p, vocab, sequence_length) for p in posts]
-                        x = np.stack([p[0] for p in pairs])
-                        y = np.stack([p[1] for p in pairs])
-                    else:
-                        x, y = next_word_examples([vocab.encode(p) for p in posts], vocab, sequence_length)
-                    writer.add(client, {"x": x.astype(np.int32), "y": y.astype(np.int32)})
-                    counts.append(len(y))
-            if not counts:
-                raise DataFileError(f"{source.path}: no {population} client has a post")
-            statistics[population] = size_statistics(np.asarray(counts))
+            words_per_post = _Histogram(max_words + 2)
+            statistics[population] = write_population(
+                builder,
+                population,
+                _clients(source, options, vocab, tag_vocab, words_per_post),
+                total=source.total,
+                description=f"stackoverflow {population} clients",
+                empty_error=f"{source.path}: no {population} client has a post",
+            )
             if layout == "tags":
-                statistics[population]["words_per_post"] = _length_summary(histogram, max_words)
-        if layout == "tags":
-            words = statistics["train"]["words_per_post"]
-            posts = statistics["train"]["examples"]
-            return {
-                "num_classes": tag_vocab.size,
-                "input_shape": [max_words],
-                "input_vocab_size": vocab.size,
-                "description": (
-                    f"StackOverflow by user ({source_format}, {directory}), tag prediction: the "
-                    f"{tag_vocab.size} most used tags of {tag_count.name} (multi-hot) from the words of "
-                    f"title + tokens (<= {max_words} ids per post; {words['truncated_posts']} of {posts} "
-                    f"training posts longer, 99th percentile {words['p99']} words), vocabulary: "
-                    f"{vocab_note}, <= {cap} posts per client"
-                ),
-                "statistics": statistics,
-                "format": source_format,
-            }
-        return {
-            "num_classes": vocab.size,
-            "input_shape": [sequence_length],
-            "input_vocab_size": vocab.size,
-            # Next-word accuracy as Reddi et al. and FedJAX count it (both layouts).
-            "excluded_target_ids": list(vocab.special_ids),
-            "description": (
-                f"StackOverflow by user ({source_format}, {directory}), {layout} examples of "
-                f"{sequence_length} words, vocabulary: {vocab_note}, <= {cap} posts per client"
-            ),
-            "statistics": statistics,
-            "format": source_format,
-        }
+                statistics[population]["words_per_post"] = _length_summary(words_per_post.counts, max_words)
+        return _metadata(
+            statistics, vocab, vocab_note, tag_vocab, tag_count, source_format, directory, options
+        )
 
     files = [s.path for s in sources.values()] + [f for f in (word_count, tag_count) if f is not None]
     return load_cached("stackoverflow", options, files, build, converter_version=_CONVERTER_VERSION)
