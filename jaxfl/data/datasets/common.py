@@ -381,6 +381,15 @@ TFF_ARCHIVES: Mapping[str, tuple[str, ...]] = {
 }
 
 
+def held_out_split_point(n: int, test_fraction: float) -> int:
+    """Where a client's n ordered examples split when its last `test_fraction` are held out.
+
+    round(test_fraction * n) held out, at least one and leaving at least one
+    for training (LEAF's `-t sample`); a client of fewer than two keeps all.
+    """
+    return n - min(max(round(test_fraction * n), 1), n - 1) if n >= 2 else n
+
+
 def find_file_or_archive(directories: Sequence[Path], name: str) -> Path | None:
     """`name` in `directories`, or extracted once from the TFF archive that holds it.
 

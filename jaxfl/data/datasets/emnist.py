@@ -32,6 +32,7 @@ from jaxfl.data.datasets.common import (
     ClientSource,
     check_data_dir,
     find_tff_sources,
+    held_out_split_point,
     load_cached,
     missing,
     split_clients_by_name,
@@ -155,6 +156,60 @@ def emnist(
     )
 
 
+def _leaf_writers(path: Path, pixels: str):
+    """(writer, examples) of a LEAF femnist JSON file."""
+    for user, record, _ in iter_leaf_users(path):
+        features = {"pixels": np.asarray(record["x"], np.float32), "label": np.asarray(record["y"])}
+        yield user, _featurize(features, pixels, 62, f"{path}: {user}")
+
+
+def _write_published(builder, splits: dict[str, Path], pixels: str, min_examples: int) -> None:
+    """LEAF's own train/test writers, filtered by `min_examples`."""
+    train_writer = builder.population("train")
+    kept, seen = set(), set()
+    for user, features in _leaf_writers(splits["train"], pixels):
+        seen.add(user)
+        if len(features["y"]) >= min_examples:
+            train_writer.add(user, features)
+            kept.add(user)
+    test_writer = builder.population("test")
+    for user, features in _leaf_writers(splits["test"], pixels):
+        # A writer of both splits (LEAF's `-t sample`) follows its training part; one
+        # only in test (LEAF's `-t user`, unseen in training) needs min_examples itself.
+        enough = user in kept if user in seen else len(features["y"]) >= min_examples
+        if enough and len(features["y"]):
+            test_writer.add(user, features)
+
+
+def _merged_writers(splits: dict[str, Path], pixels: str, min_examples: int, directory: Path) -> dict:
+    """Every writer with `min_examples` examples, its examples of all files in one array each."""
+    merged: dict[str, list[dict]] = {}
+    for path in splits.values():
+        for user, features in _leaf_writers(path, pixels):
+            merged.setdefault(user, []).append(features)
+    users = {u: {k: np.concatenate([f[k] for f in parts]) for k in parts[0]} for u, parts in merged.items()}
+    users = {u: f for u, f in users.items() if len(f["y"]) >= min_examples}
+    if not users:
+        raise DataFileError(f"{directory}: no writer has {min_examples} examples")
+    return users
+
+
+def _write_resplit(builder, users: dict, split: str, test_fraction: float, seed: int) -> None:
+    """Split 'users' (held-out writers) or 'examples' (each writer's last examples held out)."""
+    train_writer, test_writer = builder.population("train"), builder.population("test")
+    if split == "users":
+        held = split_clients_by_name(list(users), test_fraction, seed)
+        for user in sorted(users):
+            (test_writer if user in held else train_writer).add(user, users[user])
+        return
+    for user in sorted(users):
+        features = users[user]
+        cut = held_out_split_point(len(features["y"]), test_fraction)
+        train_writer.add(user, {k: v[:cut] for k, v in features.items()})
+        if cut < len(features["y"]):
+            test_writer.add(user, {k: v[cut:] for k, v in features.items()})
+
+
 def femnist(
     *,
     data_dir: str | None = None,
@@ -201,53 +256,12 @@ def femnist(
         "seed": seed,
     }
 
-    def leaf_clients(path):
-        for user, record, _ in iter_leaf_users(path):
-            features = {"pixels": np.asarray(record["x"], np.float32), "label": np.asarray(record["y"])}
-            yield user, _featurize(features, pixels, 62, f"{path}: {user}")
-
     def build(builder):
         if split == "published":
-            populations = {"train": leaf_clients(splits["train"]), "test": leaf_clients(splits["test"])}
-            train_writer = builder.population("train")
-            kept, seen = set(), set()
-            for user, features in populations["train"]:
-                seen.add(user)
-                if len(features["y"]) >= min_examples:
-                    train_writer.add(user, features)
-                    kept.add(user)
-            test_writer = builder.population("test")
-            for user, features in populations["test"]:
-                # A writer of both splits (LEAF's `-t sample`) follows its training part; one
-                # only in test (LEAF's `-t user`, unseen in training) needs min_examples itself.
-                enough = user in kept if user in seen else len(features["y"]) >= min_examples
-                if enough and len(features["y"]):
-                    test_writer.add(user, features)
+            _write_published(builder, splits, pixels, min_examples)
         else:
-            # Everything in one pass: all users' examples (train + test dirs merged).
-            merged: dict[str, list[dict]] = {}
-            for path in splits.values():
-                for user, features in leaf_clients(path):
-                    merged.setdefault(user, []).append(features)
-            users = {
-                u: {k: np.concatenate([f[k] for f in parts]) for k in parts[0]} for u, parts in merged.items()
-            }
-            users = {u: f for u, f in users.items() if len(f["y"]) >= min_examples}
-            if not users:
-                raise DataFileError(f"{directory}: no writer has {min_examples} examples")
-            train_writer, test_writer = builder.population("train"), builder.population("test")
-            if split == "users":
-                held = split_clients_by_name(list(users), test_fraction, seed)
-                for user in sorted(users):
-                    (test_writer if user in held else train_writer).add(user, users[user])
-            else:
-                for user in sorted(users):
-                    features = users[user]
-                    n = len(features["y"])
-                    cut = n - min(max(round(test_fraction * n), 1), n - 1) if n >= 2 else n
-                    train_writer.add(user, {k: v[:cut] for k, v in features.items()})
-                    if cut < n:
-                        test_writer.add(user, {k: v[cut:] for k, v in features.items()})
+            users = _merged_writers(splits, pixels, min_examples, directory)
+            _write_resplit(builder, users, split, test_fraction, seed)
         return {
             "num_classes": 62,
             "input_shape": [28, 28, 1],
@@ -257,4 +271,3 @@ def femnist(
         }
 
     return load_cached("femnist", options, list(splits.values()), build, converter_version=_CONVERTER_VERSION)
-

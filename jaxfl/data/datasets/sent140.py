@@ -42,6 +42,7 @@ from jaxfl.data.datasets.common import (
     check_data_dir,
     fedjax_sqlite_source,
     find_file,
+    held_out_split_point,
     load_cached,
     missing,
     split_clients_by_name,
@@ -234,10 +235,9 @@ def _split_parts(
             parts["test" if user in held else "train"][user] = tweets
         return parts
     for user, tweets in users.items():
-        n = len(tweets)
-        cut = n - min(max(round(test_fraction * n), 1), n - 1) if n >= 2 else n
+        cut = held_out_split_point(len(tweets), test_fraction)
         parts["train"][user] = tweets[:cut]
-        if cut < n:
+        if cut < len(tweets):
             parts["test"][user] = tweets[cut:]
     return parts
 

@@ -44,6 +44,7 @@ import numpy as np
 from jaxfl.data.datasets.common import (
     check_data_dir,
     find_tff_sources,
+    held_out_split_point,
     load_cached,
     missing,
     split_clients_by_name,
@@ -191,11 +192,8 @@ def check_examples_fit(parts, layout, sequence_length, stride, joined) -> None:
 
 def _split_snippets(snippets: list[str], test_fraction: float) -> tuple[list[str], list[str]]:
     """The role's first speeches for training, its last `test_fraction` (at least one) for testing."""
-    n = len(snippets)
-    if n < 2:
-        return snippets, []
-    held = min(max(round(test_fraction * n), 1), n - 1)
-    return snippets[: n - held], snippets[n - held :]
+    cut = held_out_split_point(len(snippets), test_fraction)
+    return snippets[:cut], snippets[cut:]
 
 
 def _role_parts(
