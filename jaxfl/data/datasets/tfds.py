@@ -71,6 +71,33 @@ def _inputs(info: TfdsInfo, split_arrays: dict, label: str, where: str) -> np.nd
     return np.concatenate(columns, axis=1)
 
 
+def _client_key(info: TfdsInfo, client_key: str) -> str | None:
+    """The feature naming each example's client: 'auto' (the natural one, if any), 'none', or a feature."""
+    if client_key == "auto":
+        return info.client_key
+    if client_key == "none":
+        return None
+    if client_key not in info.features:
+        raise ValueError(
+            f"client_key {client_key!r} is not a feature of {info.full_name} "
+            f"(features: {', '.join(info.features)})"
+        )
+    return client_key
+
+
+def _write_natural_clients(builder, population: str, data: dict, min_examples: int, where: str) -> dict:
+    """Writes the clients named by `data["client"]` with `min_examples` examples; their statistics."""
+    writer = builder.population(population)
+    groups = group_by_client(data.pop("client"))
+    kept = [rows for _, rows in groups if rows.size >= min_examples]
+    if not kept:
+        raise DataFileError(f"{where}: no {population} client has {min_examples} examples")
+    for client, rows in groups:
+        if rows.size >= min_examples:
+            writer.add(client, {k: v[rows] for k, v in data.items()})
+    return {"clients": len(kept), "examples": int(sum(r.size for r in kept))}
+
+
 def tfds_dataset(
     *,
     name: str,
@@ -126,17 +153,7 @@ def tfds_dataset(
         raise DataFileError(
             f"{where}: no class-label feature to predict (features: {', '.join(info.features)})"
         )
-    if client_key == "auto":
-        key = info.client_key
-    elif client_key == "none":
-        key = None
-    else:
-        if client_key not in info.features:
-            raise ValueError(
-                f"client_key {client_key!r} is not a feature of {info.full_name} "
-                f"(features: {', '.join(info.features)})"
-            )
-        key = client_key
+    key = _client_key(info, client_key)
     options = dict(client_key=key, train_split=train_split, test_split=test_split, min_examples=min_examples)
     if key is None:
         options.update(partition_options(locals()))
@@ -161,17 +178,10 @@ def tfds_dataset(
             statistics = write_partitioned(builder, train, test_data, options, description=f"tfds:{name}")
             metadata["description"] = f"tfds:{info.full_name}: {partition_summary(options)}"
         else:
-            statistics = {}
-            for population, data in (("train", train), ("test", test_data)):
-                writer = builder.population(population)
-                groups = group_by_client(data.pop("client"))
-                kept = [rows for _, rows in groups if rows.size >= min_examples]
-                if not kept:
-                    raise DataFileError(f"{where}: no {population} client has {min_examples} examples")
-                for client, rows in groups:
-                    if rows.size >= min_examples:
-                        writer.add(client, {k: v[rows] for k, v in data.items()})
-                statistics[population] = {"clients": len(kept), "examples": int(sum(r.size for r in kept))}
+            statistics = {
+                population: _write_natural_clients(builder, population, data, min_examples, where)
+                for population, data in (("train", train), ("test", test_data))
+            }
             metadata["description"] = f"tfds:{info.full_name}, clients by {key!r}"
         metadata["statistics"] = statistics
         return metadata
