@@ -36,11 +36,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxfl.data.memory import check_memory
-from jaxfl.data.population import (
-    FederatedDataset,
-    pack_arrays,
-    pack_clients,
-)
+from jaxfl.data.population import ClientPopulation, FederatedDataset, pack_arrays, pack_clients
 from jaxfl.validation import check_int, check_number
 
 __all__ = [
@@ -140,6 +136,68 @@ def _check_total_examples(total, what):
 # ---------------------------------------------------------------------------
 
 
+def _fedprox_client_sizes(rng: np.random.Generator, num_clients: int, size_sigma: float) -> np.ndarray:
+    """n_k = int(lognormal(4, size_sigma)) + 50: heavy-tailed sizes ("power law" in the thesis)."""
+    client_sizes = rng.lognormal(4.0, size_sigma, num_clients)
+    if not np.all(client_sizes < _MAX_EXAMPLES):  # Also NaN or inf: lognormal overflowed.
+        raise ValueError(
+            f"size_sigma={size_sigma:g} draws a client of more than {_MAX_EXAMPLES} examples "
+            "(the most a population holds); lower size_sigma"
+        )
+    client_sizes = client_sizes.astype(np.int64)
+    client_sizes += 50
+    _check_total_examples(int(client_sizes.sum()), "Synthetic")
+    return client_sizes
+
+
+def _fedprox_description(iid, alpha, beta, num_clients, size_sigma, train_fraction, seed) -> tuple[str, str]:
+    """The dataset's name and description."""
+    held_out = "test clients are the training clients' held-out examples"
+    if iid:
+        return "synthetic-iid", (
+            f"FedProx Synthetic-IID: {num_clients} clients, shared W and b, "
+            f"v_k = 0, sizes int(lognormal(4, {size_sigma:g})) + 50, "
+            f"train fraction {train_fraction:g}, seed {seed}; {held_out}"
+        )
+    return f"synthetic({alpha:g},{beta:g})", (
+        f"FedProx Synthetic({alpha:g}, {beta:g}): {num_clients} clients, "
+        f"sizes int(lognormal(4, {size_sigma:g})) + 50, train fraction "
+        f"{train_fraction:g}, seed {seed}; {held_out}"
+    )
+
+
+def _fedprox_clients(rng, client_sizes, num_features, num_classes, iid, alpha, beta, train_fraction):
+    """Every client's (training examples, test examples), in the generator's order of draws."""
+    num_clients = client_sizes.size
+    # sqrt of Sigma's diagonal: x = v_k + feature_scales * standard normal.
+    feature_scales = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
+
+    if iid:
+        shared_weights = rng.normal(0.0, 1.0, (num_features, num_classes))
+        shared_bias = rng.normal(0.0, 1.0, num_classes)
+    else:
+        model_means = rng.normal(0.0, alpha, num_clients)  # u_k
+        feature_mean_centres = rng.normal(0.0, beta, num_clients)  # B_k
+
+    train_clients, test_clients = [], []
+    for k, size in enumerate(client_sizes):
+        if iid:
+            feature_mean = np.zeros(num_features)
+            weights, bias = shared_weights, shared_bias
+        else:
+            feature_mean = rng.normal(feature_mean_centres[k], 1.0, num_features)
+            weights = rng.normal(model_means[k], 1.0, (num_features, num_classes))
+            bias = rng.normal(model_means[k], 1.0, num_classes)
+        x = feature_mean + feature_scales * rng.standard_normal((size, num_features))
+        y = np.argmax(x @ weights + bias, axis=1)
+        order = rng.permutation(size)
+        x, y = x[order].astype(np.float32), y[order].astype(np.int32)
+        num_train = min(max(int(train_fraction * size), 1), size - 1)
+        train_clients.append({"x": x[:num_train], "y": y[:num_train]})
+        test_clients.append({"x": x[num_train:], "y": y[num_train:]})
+    return train_clients, test_clients
+
+
 def fedprox_synthetic(
     alpha: float,
     beta: float,
@@ -236,16 +294,7 @@ def fedprox_synthetic(
         "lower them",
     )
     rng = np.random.default_rng(seed)
-    # Heavy-tailed client sizes ("power law" in the thesis).
-    client_sizes = rng.lognormal(4.0, size_sigma, num_clients)
-    if not np.all(client_sizes < _MAX_EXAMPLES):  # Also NaN or inf: lognormal overflowed.
-        raise ValueError(
-            f"size_sigma={size_sigma:g} draws a client of more than {_MAX_EXAMPLES} examples "
-            "(the most a population holds); lower size_sigma"
-        )
-    client_sizes = client_sizes.astype(np.int64)
-    client_sizes += 50
-    _check_total_examples(int(client_sizes.sum()), "Synthetic")
+    client_sizes = _fedprox_client_sizes(rng, num_clients, size_sigma)
     _check_fits(
         fedprox_synthetic_nbytes(
             num_clients, num_features, num_classes, int(client_sizes.sum()), int(client_sizes.max())
@@ -255,49 +304,10 @@ def fedprox_synthetic(
         "lower num_clients, num_features or size_sigma",
     )
 
-    # sqrt of Sigma's diagonal: x = v_k + feature_scales * standard normal.
-    feature_scales = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6
-
-    if iid:
-        shared_weights = rng.normal(0.0, 1.0, (num_features, num_classes))
-        shared_bias = rng.normal(0.0, 1.0, num_classes)
-    else:
-        model_means = rng.normal(0.0, alpha, num_clients)  # u_k
-        feature_mean_centres = rng.normal(0.0, beta, num_clients)  # B_k
-
-    train_clients, test_clients = [], []
-    for k, size in enumerate(client_sizes):
-        if iid:
-            feature_mean = np.zeros(num_features)
-            weights, bias = shared_weights, shared_bias
-        else:
-            feature_mean = rng.normal(feature_mean_centres[k], 1.0, num_features)
-            weights = rng.normal(model_means[k], 1.0, (num_features, num_classes))
-            bias = rng.normal(model_means[k], 1.0, num_classes)
-        x = feature_mean + feature_scales * rng.standard_normal((size, num_features))
-        y = np.argmax(x @ weights + bias, axis=1)
-        order = rng.permutation(size)
-        x, y = x[order].astype(np.float32), y[order].astype(np.int32)
-        num_train = min(max(int(train_fraction * size), 1), size - 1)
-        train_clients.append({"x": x[:num_train], "y": y[:num_train]})
-        test_clients.append({"x": x[num_train:], "y": y[num_train:]})
-
-    if iid:
-        name = "synthetic-iid"
-        description = (
-            f"FedProx Synthetic-IID: {num_clients} clients, shared W and b, "
-            f"v_k = 0, sizes int(lognormal(4, {size_sigma:g})) + 50, "
-            f"train fraction {train_fraction:g}, seed {seed}; test clients "
-            "are the training clients' held-out examples"
-        )
-    else:
-        name = f"synthetic({alpha:g},{beta:g})"
-        description = (
-            f"FedProx Synthetic({alpha:g}, {beta:g}): {num_clients} clients, "
-            f"sizes int(lognormal(4, {size_sigma:g})) + 50, train fraction "
-            f"{train_fraction:g}, seed {seed}; test clients are the training "
-            "clients' held-out examples"
-        )
+    train_clients, test_clients = _fedprox_clients(
+        rng, client_sizes, num_features, num_classes, iid, alpha, beta, train_fraction
+    )
+    name, description = _fedprox_description(iid, alpha, beta, num_clients, size_sigma, train_fraction, seed)
     return FederatedDataset(
         personal_splits=True,
         name=name,
@@ -411,6 +421,49 @@ def _draw_label_mixture_clients(
     return rows[order]
 
 
+def _label_shift_populations(
+    pool_x: np.ndarray,
+    pool_y: np.ndarray,
+    partition_seed: int,
+    examples_per_client: int,
+    num_clients: dict[str, int],
+    concentrations: dict[str, float],
+) -> tuple[ClientPopulation, ClientPopulation | None, ClientPopulation]:
+    """The training, validation (None without clients) and test clients, disjoint draws from the pool.
+
+    Independent streams for the pool shuffle and each population
+    (`SeedSequence(partition_seed).spawn(4)`), the training clients first.
+    """
+    pool_rng, *population_rngs = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(partition_seed).spawn(4)
+    )
+    # Shuffled per-class pools, concatenated in class order.
+    shuffled = pool_rng.permutation(pool_y.size)
+    class_rows = shuffled[np.argsort(pool_y[shuffled], kind="stable")]
+    class_sizes = np.bincount(pool_y, minlength=_LABEL_SHIFT_NUM_CLASSES)
+    class_starts = np.concatenate([[0], np.cumsum(class_sizes)])
+    class_cursor = np.zeros(_LABEL_SHIFT_NUM_CLASSES, np.int64)
+    populations = []
+    for rng, role in zip(population_rngs, ("training", "validation", "test"), strict=True):
+        if not num_clients[role]:
+            populations.append(None)
+            continue
+        rows = _draw_label_mixture_clients(
+            rng,
+            num_clients=num_clients[role],
+            examples_per_client=examples_per_client,
+            concentration=concentrations[role],
+            pool_labels=pool_y,
+            class_rows=class_rows,
+            class_starts=class_starts,
+            class_cursor=class_cursor,
+            population=role,
+        )
+        sizes = np.full(num_clients[role], examples_per_client)
+        populations.append(pack_arrays({"x": pool_x[rows], "y": pool_y[rows]}, sizes))
+    return tuple(populations)
+
+
 def label_shift(
     *,
     num_train_clients: int = 2500,
@@ -510,41 +563,14 @@ def label_shift(
         "lower pool_size (it must hold the clients' examples) and the number of clients",
     )
     pool_x, pool_y = _make_classification_pool(pool_size, data_seed)
-    pool_rng, train_rng, validation_rng, test_rng = (
-        np.random.default_rng(s)
-        for s in np.random.SeedSequence(partition_seed).spawn(4)
+    train, validation, test = _label_shift_populations(
+        pool_x,
+        pool_y,
+        partition_seed,
+        examples_per_client,
+        {"training": num_train_clients, "validation": num_validation_clients, "test": num_test_clients},
+        {"training": train_concentration, "validation": test_concentration, "test": test_concentration},
     )
-    # Shuffled per-class pools, concatenated in class order.
-    shuffled = pool_rng.permutation(pool_size)
-    class_rows = shuffled[np.argsort(pool_y[shuffled], kind="stable")]
-    class_sizes = np.bincount(pool_y, minlength=_LABEL_SHIFT_NUM_CLASSES)
-    class_starts = np.concatenate([[0], np.cumsum(class_sizes)])
-    class_cursor = np.zeros(_LABEL_SHIFT_NUM_CLASSES, np.int64)
-
-    def population(rng, num_clients, concentration, role):
-        rows = _draw_label_mixture_clients(
-            rng,
-            num_clients=num_clients,
-            examples_per_client=examples_per_client,
-            concentration=concentration,
-            pool_labels=pool_y,
-            class_rows=class_rows,
-            class_starts=class_starts,
-            class_cursor=class_cursor,
-            population=role,
-        )
-        return pack_arrays(
-            {"x": pool_x[rows], "y": pool_y[rows]},
-            np.full(num_clients, examples_per_client),
-        )
-
-    train = population(train_rng, num_train_clients, train_concentration, "training")
-    validation = None
-    if num_validation_clients:
-        validation = population(
-            validation_rng, num_validation_clients, test_concentration, "validation"
-        )
-    test = population(test_rng, num_test_clients, test_concentration, "test")
     return FederatedDataset(
         name="label-shift",
         train=train,
@@ -703,6 +729,43 @@ def _many_clients_blocks(
         yield block_counts, x, logits.argmax(axis=1).astype(np.int32)
 
 
+def _many_clients_populations(
+    seed, num_clients, num_test_clients, min_examples, max_examples, num_features, num_classes, label_skew
+):
+    """("train", its blocks), then ("test", its blocks), from one stream: consume each in turn."""
+    rng = np.random.default_rng(seed)
+    true_weights = rng.standard_normal((num_features, num_classes), dtype=np.float32) / np.float32(
+        math.sqrt(num_features)
+    )
+    for name, n in (("train", num_clients), ("test", num_test_clients)):
+        yield name, _many_clients_blocks(
+            rng,
+            num_clients=n,
+            min_examples=min_examples,
+            max_examples=max_examples,
+            true_weights=true_weights,
+            label_skew=label_skew,
+        )
+
+
+def _pack_blocks(blocks) -> ClientPopulation:
+    """One population of every (counts, x, y) block."""
+    blocks = list(blocks)
+    return pack_arrays(
+        {"x": np.concatenate([b[1] for b in blocks]), "y": np.concatenate([b[2] for b in blocks])},
+        np.concatenate([b[0] for b in blocks]),
+    )
+
+
+def _write_blocks(writer, blocks) -> None:
+    """Appends every (counts, x, y) block to a cache population, clients named by their index."""
+    first = 0
+    for counts, x, y in blocks:
+        names = [str(i) for i in range(first, first + counts.size)]
+        writer.add_block(names, counts, {"x": x, "y": y})
+        first += counts.size
+
+
 def many_clients(
     *,
     num_clients: int,
@@ -788,39 +851,17 @@ def many_clients(
     )
 
     def generate():
-        rng = np.random.default_rng(seed)
-        true_weights = rng.standard_normal(
-            (num_features, num_classes), dtype=np.float32
-        ) / np.float32(math.sqrt(num_features))
-        for name, n in (("train", num_clients), ("test", num_test_clients)):
-            yield name, _many_clients_blocks(
-                rng,
-                num_clients=n,
-                min_examples=min_examples,
-                max_examples=max_examples,
-                true_weights=true_weights,
-                label_skew=label_skew,
-            )
+        sizes = (num_clients, num_test_clients, min_examples, max_examples)
+        return _many_clients_populations(seed, *sizes, num_features, num_classes, label_skew)
 
     if storage == "memory":
-        populations = {}
-        for name, blocks in generate():
-            blocks = list(blocks)
-            populations[name] = pack_arrays(
-                {"x": np.concatenate([b[1] for b in blocks]), "y": np.concatenate([b[2] for b in blocks])},
-                np.concatenate([b[0] for b in blocks]),
-            )
+        populations = {name: _pack_blocks(blocks) for name, blocks in generate()}
     else:
         from jaxfl.data.cache import cached_dataset
 
         def build(builder):
             for name, blocks in generate():
-                writer = builder.population(name)
-                first = 0
-                for counts, x, y in blocks:
-                    names = [str(i) for i in range(first, first + counts.size)]
-                    writer.add_block(names, counts, {"x": x, "y": y})
-                    first += counts.size
+                _write_blocks(builder.population(name), blocks)
             return {"num_classes": num_classes, "input_shape": [num_features], "description": description}
 
         options = dict(num_clients=num_clients, min_examples=min_examples, max_examples=max_examples,

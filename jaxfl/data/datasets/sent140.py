@@ -169,6 +169,18 @@ def _find_source(directory: Path) -> tuple[str, list[Path], callable, dict[str, 
     return "LEAF JSON", list(leaf_splits.values()), leaf_users, leaf_splits
 
 
+def _resolve_split(split: str, leaf_splits: dict[str, Path] | None, directory: Path) -> str:
+    """'auto' as 'published' when the source has LEAF's train/test split, else 'users'."""
+    published = leaf_splits is not None and {"train", "test"} <= set(leaf_splits)
+    if split == "auto":
+        return "published" if published else "users"
+    if split == "published" and not published:
+        raise ValueError(
+            f"{directory} has no published per-user train/test split: use split=users or examples"
+        )
+    return split
+
+
 def _leaf_users(path: Path) -> dict[str, list[tuple[str, int]]]:
     users = {}
     for user, record, _ in iter_leaf_users(path):
@@ -301,13 +313,7 @@ def sent140(
             "sent140", "Sentiment140 tweets", "(no --data-dir given; no tweets ship with any package)"
         )
     source_format, sources, read_users, leaf_splits = _find_source(directory)
-    published = leaf_splits is not None and {"train", "test"} <= set(leaf_splits)
-    if split == "auto":
-        split = "published" if published else "users"
-    if split == "published" and not published:
-        raise ValueError(
-            f"{directory} has no published per-user train/test split: use split=users or examples"
-        )
+    split = _resolve_split(split, leaf_splits, directory)
     options = dict(
         features=features,
         embedding_dim=embedding_dim,
