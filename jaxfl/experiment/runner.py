@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -333,6 +333,36 @@ def _point(tree: Any, g: int, batched: bool) -> Any:
     return jax.tree.map(lambda x: x[g], tree) if batched else tree
 
 
+class RunHooks(TypedDict, total=False):
+    """How a caller follows, checkpoints and resumes a run or a sweep (all optional).
+
+    Attributes:
+      progress: an object with `update(n)` and `set_postfix_str(s)` (a tqdm
+        bar), updated once per round.
+      checkpoints: where to save checkpoints (as `config.runtime.checkpoint_every`
+        or `checkpoint_seconds` say, and on SIGINT/SIGTERM); a sweep saves the
+        stacked state of all its points.
+      on_checkpoint: called with the round after each checkpoint.
+      resume: continue from the latest checkpoint in `checkpoints` (if any):
+        the result is bit for bit that of the uninterrupted run.
+      on_restore: called with the round training continues from (0: the
+        start; the latest readable checkpoint's when resuming, which is not
+        the latest if that one is damaged), before the first round.
+    """
+
+    progress: Any
+    checkpoints: RunCheckpoints | None
+    on_checkpoint: Callable[[int], None] | None
+    resume: bool
+    on_restore: Callable[[int], None] | None
+
+
+def _check_hooks(hooks: dict[str, Any]) -> None:
+    unknown = sorted(set(hooks) - set(RunHooks.__annotations__))
+    if unknown:
+        raise TypeError(f"unknown run hooks {unknown}; valid: {', '.join(RunHooks.__annotations__)}")
+
+
 def train_points(
     run_setup: Setup,
     name: str,
@@ -340,11 +370,7 @@ def train_points(
     *,
     batched: bool,
     on_evaluation: Callable[[int, dict[str, Any]], None] | None = None,
-    progress: Any = None,
-    checkpoints: RunCheckpoints | None = None,
-    on_checkpoint: Callable[[int], None] | None = None,
-    resume: bool = False,
-    on_restore: Callable[[int], None] | None = None,
+    **hooks: Unpack[RunHooks],
 ) -> list[RunResult]:
     """Trains `points` of `name` for `config.server.rounds` rounds: the one path of a run and of a sweep.
 
@@ -358,6 +384,10 @@ def train_points(
     point is marked and goes on with the others (they share the compiled
     round). The arguments are `run_sweep`'s.
     """
+    _check_hooks(hooks)
+    progress, checkpoints = hooks.get("progress"), hooks.get("checkpoints")
+    on_checkpoint, on_restore = hooks.get("on_checkpoint"), hooks.get("on_restore")
+    resume = hooks.get("resume", False)
     if not points:
         raise ValueError("a sweep needs at least one point")
     if not batched and len(points) != 1:
@@ -549,11 +579,7 @@ def run_algorithm(
     name: str,
     *,
     on_evaluation: Callable[[dict[str, Any]], None] | None = None,
-    progress: Any = None,
-    checkpoints: RunCheckpoints | None = None,
-    on_checkpoint: Callable[[int], None] | None = None,
-    resume: bool = False,
-    on_restore: Callable[[int], None] | None = None,
+    **hooks: Unpack[RunHooks],
 ) -> RunResult:
     """Trains one algorithm for `config.server.rounds` rounds: `train_points` of the run's one point.
 
@@ -562,16 +588,7 @@ def run_algorithm(
       name: which of its algorithms.
       on_evaluation: called with each evaluation record (e.g. to append it to
         metrics.jsonl as it happens).
-      progress: an object with `update(n)` and `set_postfix_str(s)` (a tqdm
-        bar), or None.
-      checkpoints: where to save checkpoints (when `config.runtime.checkpoint_every`
-        or `checkpoint_seconds` says, and on SIGINT/SIGTERM), or None.
-      on_checkpoint: called with the round after each checkpoint.
-      resume: continue from the latest checkpoint in `checkpoints` (if any):
-        the result is bit for bit that of the uninterrupted run.
-      on_restore: called with the round training continues from (0: the
-        start; the latest readable checkpoint's when resuming, which is not
-        the latest if that one is damaged), before the first round.
+      **hooks: the `RunHooks`: a progress bar, checkpoints, resuming.
 
     Returns:
       The `RunResult`; a diverged run's has `summary['status'] == 'diverged'`.
@@ -582,7 +599,6 @@ def run_algorithm(
     (result,) = train_points(
         run_setup, name, [SweepPoint({}, run_setup.config.runtime.seed)], batched=False,
         on_evaluation=None if on_evaluation is None else lambda _, record: on_evaluation(record),
-        progress=progress, checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume,
-        on_restore=on_restore,
+        **hooks,
     )
     return result

@@ -25,13 +25,11 @@ imported from here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from jaxfl.experiment.checkpoints import RunCheckpoints
+from typing import Any, Unpack
 
 # What callers import from here (the CLI, the family, tuning, benchmarks).
 from jaxfl.experiment.points import SERVER_LR, SweepPoint, batched_round, check_client_state, initial_state  # noqa: F401
-from jaxfl.experiment.runner import RunResult, Setup, train_points
+from jaxfl.experiment.runner import RunHooks, RunResult, Setup, train_points
 
 
 def run_sweep(
@@ -40,11 +38,7 @@ def run_sweep(
     points: Sequence[SweepPoint],
     *,
     on_evaluation: Callable[[int, dict[str, Any]], None] | None = None,
-    progress: Any = None,
-    checkpoints: RunCheckpoints | None = None,
-    on_checkpoint: Callable[[int], None] | None = None,
-    resume: bool = False,
-    on_restore: Callable[[int], None] | None = None,
+    **hooks: Unpack[RunHooks],
 ) -> list[RunResult]:
     """Trains every point for `config.server.rounds` rounds in one vmapped round.
 
@@ -53,15 +47,8 @@ def run_sweep(
       name: which algorithm of the setup.
       points: the settings.
       on_evaluation: called with (point index, evaluation record).
-      progress: a tqdm-like bar, updated once per round.
-      checkpoints: where to save the stacked state of all points (as
-        `config.runtime.checkpoint_every`/`checkpoint_seconds` say, and on
-        SIGINT/SIGTERM), or None.
-      on_checkpoint: called with the round after each checkpoint.
-      resume: continue from the latest checkpoint in `checkpoints`, if any.
-      on_restore: called with the round training continues from (0: the
-        start; the latest readable checkpoint's when resuming, which is not
-        the latest if that one is damaged), before the first round.
+      **hooks: the `RunHooks`: a progress bar, checkpoints (the stacked
+        state of all points), resuming.
 
     Returns:
       One `RunResult` per point, in order. A point that diverged goes on
@@ -71,7 +58,4 @@ def run_sweep(
     Raises:
       RunInterrupted: on SIGINT/SIGTERM, after saving a checkpoint.
     """
-    return train_points(
-        run_setup, name, points, batched=True, on_evaluation=on_evaluation, progress=progress,
-        checkpoints=checkpoints, on_checkpoint=on_checkpoint, resume=resume, on_restore=on_restore,
-    )
+    return train_points(run_setup, name, points, batched=True, on_evaluation=on_evaluation, **hooks)

@@ -110,3 +110,8 @@ def test_a_single_run_is_one_unbatched_point():
         train_points(run_setup, "fedavg", points, batched=False)
     with pytest.raises(ValueError, match="a sweep needs at least one point"):
         run_sweep(run_setup, "fedavg", [])
+    # The hooks are keywords of `RunHooks`: a misspelt one is refused, not ignored.
+    with pytest.raises(TypeError, match=r"unknown run hooks \['progres'\]"):
+        run_sweep(run_setup, "fedavg", points[:1], progres=None)
+    with pytest.raises(TypeError, match=r"unknown run hooks \['checkpoint'\]"):
+        run_algorithm(run_setup, "fedavg", checkpoint=None)
