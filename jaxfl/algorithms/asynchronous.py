@@ -144,17 +144,76 @@ def staleness_weight(kind: str, staleness: jax.Array, hparams: Mapping[str, jax.
     raise ValueError(f"staleness must be one of {', '.join(STALENESS_FUNCTIONS)}, got {kind!r}")
 
 
+class Fleet(NamedTuple):
+    """The simulated clients of an asynchronous run: C of the N training at once, on their devices.
+
+    Attributes:
+      concurrency: C, the clients training at once (at most N).
+      num_clients: N, the training clients.
+      profiles: their devices (`jaxfl.clock.profiles`: their durations).
+      availability: their online windows (`jaxfl.clock.availability`), or
+        None: always online.
+    """
+
+    concurrency: int
+    num_clients: int
+    profiles: DeviceProfiles
+    availability: Availability | None = None
+
+
+def _check_static(arrivals_per_step: int, fleet: Fleet, keeps: str, client_weighting: str) -> None:
+    if arrivals_per_step < 1:
+        raise ValueError(f"the arrivals per step must be >= 1, got {arrivals_per_step}")
+    if fleet.concurrency < arrivals_per_step:
+        raise ValueError(
+            f"the buffer of {arrivals_per_step} arrivals is larger than the concurrency {fleet.concurrency} "
+            "(the clients training at once): it would never fill"
+        )
+    if fleet.concurrency > fleet.num_clients:
+        raise ValueError(f"concurrency {fleet.concurrency} exceeds the {fleet.num_clients} training clients")
+    if keeps not in ("update", "model"):
+        raise ValueError(f"keeps must be 'update' or 'model', got {keeps!r}")
+    if client_weighting not in ("num_examples", "uniform"):
+        raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {client_weighting!r}")
+
+
+def _empty_slots(params: Params, concurrency: int) -> InFlight:
+    """C slots not yet started: arrivals at time 0 without a result."""
+    return InFlight(
+        results=jax.tree.map(lambda leaf: jnp.zeros((concurrency, *leaf.shape), leaf.dtype), params),
+        client_ids=jnp.full((concurrency,), -1, jnp.int32),
+        version=jnp.zeros((concurrency,), jnp.int32),
+        finish=jnp.zeros((concurrency,), jnp.float32),
+        alpha=jnp.zeros((concurrency,), jnp.float32),
+        holds_result=jnp.zeros((concurrency,), bool),
+        server_version=jnp.zeros((), jnp.int32),
+    )
+
+
+def _step_metrics(
+    starting_loss: jax.Array, arrivals: Arrivals, server_version: jax.Array, seconds: jax.Array
+) -> Metrics:
+    reporting = arrivals.holds_result
+    reporting_staleness = jnp.where(reporting, arrivals.staleness, 0)
+    return {
+        "train_loss": jnp.mean(starting_loss),  # Of the clients starting now.
+        "clients_uploading": jnp.sum(reporting).astype(jnp.int32),
+        "clients_with_weight": jnp.sum(reporting).astype(jnp.int32),
+        "mean_staleness": jnp.sum(reporting_staleness) / jnp.maximum(jnp.sum(reporting), 1),
+        "max_staleness": jnp.max(reporting_staleness),
+        "server_version": server_version,
+        "step_seconds": seconds,
+    }
+
+
 def asynchronous_algorithm(
     name: str,
     task: Task,
     local: LocalTraining,
     arrivals_per_step: int,
-    concurrency: int,
-    num_clients: int,
-    profiles: DeviceProfiles,
+    fleet: Fleet,
     rule: ServerRule,
     *,
-    availability: Availability | None = None,
     strategy: ClientStrategy,
     keeps: str = "update",
     proximal: str | None = None,
@@ -168,12 +227,8 @@ def asynchronous_algorithm(
       name: registry name.
       task, local: the model and local training.
       arrivals_per_step: K, the arrivals each server step processes.
-      concurrency: C >= K, the clients training at once.
-      num_clients: N; the concurrency must be at most N.
-      profiles: the clients' devices (their durations).
+      fleet: the C <= N clients training at once, their devices and windows.
       rule: the server's update from the arrivals.
-      availability: the clients' online windows (`jaxfl.clock.availability`),
-        or None: always online.
       strategy: how the K new clients' training is laid out.
       keeps: what a slot keeps of its client: 'update' (local model minus
         the model it downloaded) or 'model' (the local model).
@@ -186,40 +241,20 @@ def asynchronous_algorithm(
     Raises:
       ValueError: K > C, C > N, or another invalid static setting (one line).
     """
-    if arrivals_per_step < 1:
-        raise ValueError(f"the arrivals per step must be >= 1, got {arrivals_per_step}")
-    if concurrency < arrivals_per_step:
-        raise ValueError(
-            f"the buffer of {arrivals_per_step} arrivals is larger than the concurrency {concurrency} "
-            "(the clients training at once): it would never fill"
-        )
-    if concurrency > num_clients:
-        raise ValueError(f"concurrency {concurrency} exceeds the {num_clients} training clients")
-    if keeps not in ("update", "model"):
-        raise ValueError(f"keeps must be 'update' or 'model', got {keeps!r}")
-    if client_weighting not in ("num_examples", "uniform"):
-        raise ValueError(f"client_weighting must be 'num_examples' or 'uniform', got {client_weighting!r}")
+    _check_static(arrivals_per_step, fleet, keeps, client_weighting)
+    concurrency, num_clients, profiles, availability = fleet
     server = server_tx or server_optimizer("sgd", 1.0)
     defaults = {**LOCAL_HPARAM_DEFAULTS, **(hparam_defaults or {})}
     if proximal is not None:
         defaults.setdefault(proximal, 0.0)
 
     def init(params: Params, hparams: Mapping[str, float] | None = None) -> ServerState:
-        slots = InFlight(
-            results=jax.tree.map(lambda leaf: jnp.zeros((concurrency, *leaf.shape), leaf.dtype), params),
-            client_ids=jnp.full((concurrency,), -1, jnp.int32),
-            version=jnp.zeros((concurrency,), jnp.int32),
-            finish=jnp.zeros((concurrency,), jnp.float32),
-            alpha=jnp.zeros((concurrency,), jnp.float32),
-            holds_result=jnp.zeros((concurrency,), bool),
-            server_version=jnp.zeros((), jnp.int32),
-        )
         return ServerState(
             round=jnp.zeros((), jnp.int32),
             params=params,
             opt_state=server.init(params),
             hparams=resolve_hparams(defaults, hparams),
-            extra=slots,
+            extra=_empty_slots(params, concurrency),
             clock=jnp.zeros((), jnp.float32),
         )
 
@@ -286,16 +321,8 @@ def asynchronous_algorithm(
             holds_result=slots.holds_result.at[arrived].set(completes),
             server_version=slots.server_version + updated.astype(jnp.int32),
         )
-        reporting = arrivals.holds_result
         metrics = {
-            "train_loss": jnp.mean(results.mean_batch_loss),  # Of the clients starting now.
-            "clients_uploading": jnp.sum(reporting).astype(jnp.int32),
-            "clients_with_weight": jnp.sum(reporting).astype(jnp.int32),
-            "mean_staleness": jnp.sum(jnp.where(reporting, arrivals.staleness, 0))
-            / jnp.maximum(jnp.sum(reporting), 1),
-            "max_staleness": jnp.max(jnp.where(reporting, arrivals.staleness, 0)),
-            "server_version": new_slots.server_version,
-            "step_seconds": now - state.clock,
+            **_step_metrics(results.mean_batch_loss, arrivals, new_slots.server_version, now - state.clock),
             **metrics,
         }
         new_state = ServerState(

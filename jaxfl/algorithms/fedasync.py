@@ -26,12 +26,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxfl.algorithms.asynchronous import Arrivals, asynchronous_algorithm, staleness_weight
+from jaxfl.algorithms.asynchronous import Arrivals, Fleet, asynchronous_algorithm, staleness_weight
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
-from jaxfl.algorithms.fedbuff import STALENESS_DEFAULTS, async_clock, concurrency
+from jaxfl.algorithms.fedbuff import STALENESS_DEFAULTS, async_fleet
 from jaxfl.algorithms.registry import Engine
-from jaxfl.clock.availability import Availability
-from jaxfl.clock.profiles import DeviceProfiles
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
@@ -39,10 +37,7 @@ from jaxfl.training.strategies import ClientStrategy
 def fedasync(
     task: Task,
     local: LocalTraining,
-    concurrency: int,
-    num_clients: int,
-    profiles: DeviceProfiles,
-    availability: Availability | None = None,
+    fleet: Fleet,
     *,
     strategy: ClientStrategy,
     staleness: str = "polynomial",
@@ -65,8 +60,7 @@ def fedasync(
         return params, state.opt_state, {"mixing": mix}
 
     return asynchronous_algorithm(
-        "fedasync", task, local, 1, concurrency, num_clients, profiles, rule,
-        availability=availability, strategy=strategy, keeps="model", proximal="mu",
+        "fedasync", task, local, 1, fleet, rule, strategy=strategy, keeps="model", proximal="mu",
         hparam_defaults={"async_mixing": 0.6, "mu": 0.01, **STALENESS_DEFAULTS}, client_weighting="uniform",
     )  # fmt: skip
 
@@ -74,9 +68,6 @@ def fedasync(
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """FedAsync as the registry builds it for a run (the clock's device profiles)."""
     return fedasync(
-        engine.task,
-        engine.local,
-        concurrency(options, engine.clients_per_round, engine.training_clients("fedasync")),
-        engine.training_clients("fedasync"), *async_clock(engine, "fedasync"), strategy=engine.strategy,
+        engine.task, engine.local, async_fleet(engine, options, "fedasync"), strategy=engine.strategy,
         staleness=options["staleness"],
-    )  # fmt: skip
+    )

@@ -26,11 +26,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxfl.algorithms.asynchronous import Arrivals, asynchronous_algorithm, staleness_weight
+from jaxfl.algorithms.asynchronous import Arrivals, Fleet, asynchronous_algorithm, staleness_weight
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState, apply_server_update, server_optimizer
 from jaxfl.algorithms.registry import Engine
-from jaxfl.clock.availability import Availability
-from jaxfl.clock.profiles import DeviceProfiles, lognormal_profiles
+from jaxfl.clock.profiles import lognormal_profiles
 from jaxfl.training.local import LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 
@@ -41,10 +40,7 @@ def fedbuff(
     task: Task,
     local: LocalTraining,
     buffer_size: int,
-    concurrency: int,
-    num_clients: int,
-    profiles: DeviceProfiles,
-    availability: Availability | None = None,
+    fleet: Fleet,
     *,
     strategy: ClientStrategy,
     staleness: str = "polynomial",
@@ -72,22 +68,18 @@ def fedbuff(
         return params, opt_state, {}
 
     return asynchronous_algorithm(
-        "fedbuff", task, local, buffer_size, concurrency, num_clients, profiles, rule,
-        availability=availability, strategy=strategy, keeps="update", hparam_defaults=STALENESS_DEFAULTS,
-        server_tx=server,
-        client_weighting=client_weighting,
+        "fedbuff", task, local, buffer_size, fleet, rule, strategy=strategy, keeps="update",
+        hparam_defaults=STALENESS_DEFAULTS, server_tx=server, client_weighting=client_weighting,
     )  # fmt: skip
 
 
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """FedBuff as the registry builds it for a run (the clock's devices and windows)."""
     return fedbuff(
-        engine.task, engine.local, engine.clients_per_round,
-        concurrency(options, engine.clients_per_round, engine.training_clients("fedbuff")),
-        engine.training_clients("fedbuff"),
-        *async_clock(engine, "fedbuff"), strategy=engine.strategy, staleness=options["staleness"],
-        server_tx=engine.server_tx, client_weighting=engine.client_weighting,
-    )  # fmt: skip
+        engine.task, engine.local, engine.clients_per_round, async_fleet(engine, options, "fedbuff"),
+        strategy=engine.strategy, staleness=options["staleness"], server_tx=engine.server_tx,
+        client_weighting=engine.client_weighting,
+    )
 
 
 def concurrency(options: Mapping[str, Any], clients_per_round: int, num_clients: int) -> int:
@@ -95,14 +87,16 @@ def concurrency(options: Mapping[str, Any], clients_per_round: int, num_clients:
     return options["concurrency"] or min(4 * clients_per_round, num_clients)
 
 
-def async_clock(engine: Engine, name: str) -> tuple[DeviceProfiles, Availability | None]:
-    """The devices and online windows of an asynchronous algorithm's clients: the run's clock's.
+def async_fleet(engine: Engine, options: Mapping[str, Any], name: str) -> Fleet:
+    """The `Fleet` of an asynchronous algorithm in a run: C by `concurrency`, the run's clock's devices.
 
     Without a clock: the default log-normal devices drawn from key 0
     (`jaxfl.clock.profiles`), always online.
     """
     if engine.robustness is not None or engine.compression is not None:
         raise ValueError(f"{name} takes no attack, robust aggregator or compression")
+    num_clients = engine.training_clients(name)
+    slots = concurrency(options, engine.clients_per_round, num_clients)
     if engine.clock is None:
-        return lognormal_profiles(jax.random.key(0), engine.training_clients(name)), None
-    return engine.clock.profiles, engine.clock.availability
+        return Fleet(slots, num_clients, lognormal_profiles(jax.random.key(0), num_clients))
+    return Fleet(slots, num_clients, engine.clock.profiles, engine.clock.availability)

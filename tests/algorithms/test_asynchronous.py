@@ -11,6 +11,7 @@ from algorithms.reference_rounds import LOCAL, POPULATION, SIZES, TASK, initial_
 from clock.test_clock import WINDOWS, _availability, _next_online_reference, _online_reference
 from reference import local_sgd_reference, slow_after
 
+from jaxfl.algorithms.asynchronous import Fleet
 from jaxfl.algorithms.fedasync import fedasync
 from jaxfl.algorithms.fedbuff import fedbuff
 from jaxfl.clock import lognormal_profiles
@@ -112,7 +113,9 @@ def _buffered_mean(weight):
 
 @pytest.mark.parametrize("staleness", slow_after(["polynomial", "hinge"]))
 def test_fedbuff_equals_an_event_loop_with_stale_versions(staleness):
-    algorithm = fedbuff(TASK, LOCAL, 2, 5, N, PROFILES, strategy=ClientStrategy("vmap"), staleness=staleness)
+    algorithm = fedbuff(
+        TASK, LOCAL, 2, Fleet(5, N, PROFILES), strategy=ClientStrategy("vmap"), staleness=staleness
+    )
     hparams = {"lr": LR, "staleness_exponent": 0.7, "staleness_hinge": 1.0}
     params, key = initial_params(), jax.random.key(11)
     state, metrics = run_rounds(algorithm, algorithm.init(params, hparams), 9, key)
@@ -136,7 +139,7 @@ def test_fedbuff_equals_an_event_loop_with_stale_versions(staleness):
 
 
 def test_fedasync_mixes_each_arrival_with_its_staleness_weight():
-    algorithm = fedasync(TASK, LOCAL, 3, N, PROFILES, strategy=ClientStrategy("vmap"))
+    algorithm = fedasync(TASK, LOCAL, Fleet(3, N, PROFILES), strategy=ClientStrategy("vmap"))
     hparams = {"lr": LR, "async_mixing": 0.5, "mu": 0.1}
     params, key = initial_params(), jax.random.key(12)
     state, metrics = run_rounds(algorithm, algorithm.init(params, hparams), 10, key)
@@ -160,7 +163,7 @@ def test_fedbuff_with_online_windows_equals_the_event_loop_with_dropouts():
     # The clients of tests/clock (10 s period): slots wait for an online client, and clients drop.
     availability = _availability()
     slow = lognormal_profiles(jax.random.key(6), N, step_seconds=0.4, sigma=1.0)
-    algorithm = fedbuff(TASK, LOCAL, 2, 4, N, slow, availability, strategy=ClientStrategy("vmap"))
+    algorithm = fedbuff(TASK, LOCAL, 2, Fleet(4, N, slow, availability), strategy=ClientStrategy("vmap"))
     params, key = initial_params(), jax.random.key(13)
     state, metrics = run_rounds(algorithm, algorithm.init(params, {"lr": LR}), 10, key)
 
@@ -182,5 +185,5 @@ def test_fedbuff_with_online_windows_equals_the_event_loop_with_dropouts():
 )
 def test_a_buffer_larger_than_the_concurrency_and_other_bad_shapes_are_refused(arrivals, concurrency, words):
     with pytest.raises(ValueError, match=words) as error:
-        fedbuff(TASK, LOCAL, arrivals, concurrency, N, PROFILES, strategy=ClientStrategy("vmap"))
+        fedbuff(TASK, LOCAL, arrivals, Fleet(concurrency, N, PROFILES), strategy=ClientStrategy("vmap"))
     assert "\n" not in str(error.value)
