@@ -5,6 +5,7 @@ registry (`jaxfl list`, docs/datasets.md); `jaxfl.data.partition` splits
 labelled arrays over clients; `jaxfl.data.formats` reads the file formats.
 """
 
+from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS, PartitionOptions
 from jaxfl.data.errors import DataFileError, MissingDataError
 from jaxfl.data.host import HostPopulation
 from jaxfl.data.population import (
@@ -25,12 +26,14 @@ from jaxfl.data.synthetic import fedprox_synthetic, label_shift, many_clients, p
 
 __all__ = [
     "DATASETS",
+    "PARTITION_DEFAULTS",
     "ClientPopulation",
     "DataFileError",
     "FederatedDataset",
     "GatheredCohort",
     "HostPopulation",
     "MissingDataError",
+    "PartitionOptions",
     "dataset_names",
     "dataset_options",
     "dataset_run_defaults",

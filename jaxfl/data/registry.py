@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS
 from jaxfl.data.datasets.common import check_data_dir
 from jaxfl.data.datasets.emnist import emnist, femnist
 from jaxfl.data.datasets.images import DEBIAN_FASHION_MNIST, cifar10, cifar100, fashion_mnist, mnist
@@ -179,6 +180,7 @@ DATASETS: Mapping[str, DatasetSpec] = {
     ),
     "fashion-mnist": DatasetSpec(
         generator=fashion_mnist,
+        defaults={"num_clients": None},  # Unset: 500 for partition 'ditto', else 100.
         summary=(
             "Fashion-MNIST 60k/10k 28x28 images, 10 classes, partitioned over clients (default Dirichlet 0.5)"
         ),
@@ -298,17 +300,24 @@ def dataset_options(name: str) -> dict[str, Any]:
       ValueError: an unknown dataset name.
     """
     spec, given = _spec(name)
-    options = {}
+    declared = {}
     for parameter in inspect.signature(spec.generator).parameters.values():
-        if parameter.name in spec.fixed or parameter.name in given or parameter.name == "data_dir":
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            # A centralized dataset's `**partition: Unpack[PartitionOptions]`.
+            declared.update(PARTITION_DEFAULTS)
+        else:
+            declared[parameter.name] = parameter.default
+    options = {}
+    for option, default in declared.items():
+        if option in spec.fixed or option in given or option == "data_dir":
             continue
-        if parameter.name in spec.defaults:
-            options[parameter.name] = spec.defaults[parameter.name]
-        elif parameter.default is not inspect.Parameter.empty:
-            options[parameter.name] = parameter.default
+        if option in spec.defaults:
+            options[option] = spec.defaults[option]
+        elif default is not inspect.Parameter.empty:
+            options[option] = default
         else:
             raise AssertionError(
-                f"dataset {name!r}: option {parameter.name!r} has no default; give it one in DATASETS"
+                f"dataset {name!r}: option {option!r} has no default; give it one in DATASETS"
             )
     return options
 

@@ -14,7 +14,7 @@ split over `num_clients` clients. The test population is either
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -24,9 +24,45 @@ from jaxfl.validation import check_choice, check_fraction, check_int
 
 TEST_SPLITS = ("unseen", "held-out")
 
-# The partition options every centralized dataset takes, with their defaults
-# (the loaders repeat them as keyword arguments so that `dataset_options`
-# and `--dataset-option` see them).
+
+
+class PartitionOptions(TypedDict, total=False):
+    """How a centralized dataset is dealt over clients: keywords of every such loader (`**partition`).
+
+    Their defaults are `PARTITION_DEFAULTS`; `jaxfl.data.dataset_options`
+    lists them with each dataset's other options.
+
+    Attributes:
+      num_clients: training clients N.
+      partition: 'dirichlet' (per-class Dirichlet(alpha) split, Yurochkin et
+        al. 2019, every client >= min_size examples), 'dirichlet-mixture'
+        (each client's class mix ~ Dirichlet(alpha), Hsu et al. 2019),
+        'shards' (McMahan et al. 2017: shards_per_client label shards each),
+        'iid', 'lognormal' (IID with lognormal(sigma) sizes); Fashion-MNIST
+        also takes 'ditto' (`jaxfl.data.fashion_mnist`).
+      alpha: Dirichlet concentration (smaller: fewer classes per client).
+      min_size: smallest client of the 'dirichlet' partition.
+      shards_per_client: label shards per client ('shards').
+      sigma: spread of the 'lognormal' client sizes.
+      test: 'unseen' (the test split dealt over num_test_clients new
+        clients) or 'held-out' (test_fraction of each training client).
+      num_test_clients: test clients ('unseen').
+      test_fraction: share of each client held out ('held-out').
+      seed: seed of the partition.
+    """
+
+    num_clients: int
+    partition: str
+    alpha: float
+    min_size: int
+    shards_per_client: int
+    sigma: float
+    test: str
+    num_test_clients: int
+    test_fraction: float
+    seed: int
+
+
 PARTITION_DEFAULTS: Mapping[str, Any] = {
     "num_clients": 100,
     "partition": "dirichlet",
@@ -41,13 +77,27 @@ PARTITION_DEFAULTS: Mapping[str, Any] = {
 }
 
 
-def partition_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The shared partition options out of a loader's arguments (`locals()`), validated.
+def check_partition_keywords(given: Mapping[str, Any], loader: str) -> None:
+    """Refuses a keyword of `loader`'s `**partition` that `PartitionOptions` lacks.
+
+    A TypeError, as Python's own for an unexpected keyword argument.
+    """
+    unknown = sorted(set(given) - set(PARTITION_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"{loader}() got unexpected keyword arguments {unknown}; its partition options: "
+            f"{', '.join(PARTITION_DEFAULTS)}"
+        )
+
+
+def partition_options(given: Mapping[str, Any], loader: str) -> dict[str, Any]:
+    """A loader's `**partition` keywords with `PARTITION_DEFAULTS` for the others, validated.
 
     Loaders call this before they look for files, so that a bad option is
     reported as such even where the files are missing.
     """
-    return check_partition_options({name: values[name] for name in PARTITION_DEFAULTS})
+    check_partition_keywords(given, loader)
+    return check_partition_options({**PARTITION_DEFAULTS, **given})
 
 
 def unused_partition_options(given: Mapping[str, Any]) -> list[str]:

@@ -33,11 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 
 from jaxfl.data.datasets.centralized import (
     PARTITION_DEFAULTS,
+    PartitionOptions,
+    check_partition_keywords,
     partition_options,
     partition_summary,
     write_partitioned,
@@ -327,17 +330,8 @@ def ditto_summary(num_clients: int, seed: int) -> str:
 def fashion_mnist(
     *,
     data_dir: str | None = None,
-    num_clients: int | None = None,
-    partition: str = _D["partition"],
-    alpha: float = _D["alpha"],
-    min_size: int = _D["min_size"],
-    shards_per_client: int = _D["shards_per_client"],
-    sigma: float = _D["sigma"],
-    test: str = _D["test"],
-    num_test_clients: int = _D["num_test_clients"],
-    test_fraction: float = _D["test_fraction"],
-    seed: int = _D["seed"],
     verify_checksums: bool = True,
+    **partition: Unpack[PartitionOptions],
 ) -> FederatedDataset:
     """Fashion-MNIST (Xiao et al. 2017) dealt over clients by a partitioner.
 
@@ -367,50 +361,35 @@ def fashion_mnist(
 
     Args:
       data_dir: where the IDX files are (default: Debian's location).
-      num_clients: training clients N (unset: 500 for 'ditto', else 100).
-      partition: 'dirichlet' (per-class Dirichlet(alpha) split, Yurochkin et
-        al. 2019, every client >= min_size examples), 'dirichlet-mixture'
-        (each client's class mix ~ Dirichlet(alpha), Hsu et al. 2019),
-        'shards' (McMahan et al. 2017: shards_per_client label shards each),
-        'iid', 'lognormal' (IID with lognormal(sigma) sizes), or 'ditto'
-        (above).
-      alpha: Dirichlet concentration (smaller: fewer classes per client).
-      min_size: smallest client of the 'dirichlet' partition.
-      shards_per_client: label shards per client ('shards').
-      sigma: spread of the 'lognormal' client sizes.
-      test: 'unseen' (the test split dealt over num_test_clients new
-        clients) or 'held-out' (test_fraction of each training client).
-      num_test_clients: test clients ('unseen').
-      test_fraction: share of each client held out ('held-out').
-      seed: seed of the partition ('ditto': of the shuffle before each
-        device's 72/8/20 split).
       verify_checksums: check files that have a published SHA-256 against
         it (false: use a file of that name anyway, e.g. a re-encoded copy).
+      **partition: the `jaxfl.data.PartitionOptions`,
+        and partition 'ditto' (above); num_clients unset or None: 500 for
+        'ditto', else 100; seed with 'ditto': of the shuffle before each
+        device's 72/8/20 split.
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
     """
-    if partition == DITTO_PARTITION:
-        if num_clients is None:
-            num_clients = DITTO_NUM_CLIENTS
-        given = {"test": test, "num_test_clients": num_test_clients, "test_fraction": test_fraction}
-        for name, value in given.items():
-            if value != _D[name]:
+    check_partition_keywords(partition, "fashion_mnist")
+    if partition.get("num_clients", 0) is None:  # Unset (the registry's default).
+        del partition["num_clients"]
+    if partition.get("partition") == DITTO_PARTITION:
+        for name in ("test", "num_test_clients", "test_fraction"):
+            if partition.get(name, _D[name]) != _D[name]:
                 raise ValueError(
                     f"{name} does not apply to partition='ditto' (its test and validation clients are "
                     "each device's own 20% and 8%)"
                 )
         options = {
             "partition": DITTO_PARTITION,
-            "num_clients": check_int("num_clients", num_clients),
-            "seed": check_int("seed", seed, minimum=0),
+            "num_clients": check_int("num_clients", partition.get("num_clients", DITTO_NUM_CLIENTS)),
+            "seed": check_int("seed", partition.get("seed", _D["seed"]), minimum=0),
         }
         return _ditto_dataset(
             "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums
         )
-    if num_clients is None:
-        num_clients = _D["num_clients"]
-    options = partition_options(locals())
+    options = partition_options(partition, "fashion_mnist")
     return _idx_dataset(
         "fashion-mnist", "Fashion-MNIST", data_dir, [DEBIAN_FASHION_MNIST], options, verify_checksums
     )
@@ -419,24 +398,15 @@ def fashion_mnist(
 def mnist(
     *,
     data_dir: str | None = None,
-    num_clients: int = _D["num_clients"],
-    partition: str = _D["partition"],
-    alpha: float = _D["alpha"],
-    min_size: int = _D["min_size"],
-    shards_per_client: int = _D["shards_per_client"],
-    sigma: float = _D["sigma"],
-    test: str = _D["test"],
-    num_test_clients: int = _D["num_test_clients"],
-    test_fraction: float = _D["test_fraction"],
-    seed: int = _D["seed"],
     verify_checksums: bool = True,
+    **partition: Unpack[PartitionOptions],
 ) -> FederatedDataset:
     """MNIST (LeCun et al. 1998) dealt over clients by a partitioner.
 
     60,000 / 10,000 28x28 handwritten digits from the four IDX files in
-    `data_dir`. The options are those of `fashion_mnist`.
+    `data_dir`, dealt by `**partition` (`PartitionOptions`).
     """
-    options = partition_options(locals())
+    options = partition_options(partition, "mnist")
     return _idx_dataset("mnist", "MNIST", data_dir, [], options, verify_checksums)
 
 
@@ -477,24 +447,15 @@ def _cifar_dataset(
 def cifar10(
     *,
     data_dir: str | None = None,
-    num_clients: int = _D["num_clients"],
-    partition: str = _D["partition"],
-    alpha: float = _D["alpha"],
-    min_size: int = _D["min_size"],
-    shards_per_client: int = _D["shards_per_client"],
-    sigma: float = _D["sigma"],
-    test: str = _D["test"],
-    num_test_clients: int = _D["num_test_clients"],
-    test_fraction: float = _D["test_fraction"],
-    seed: int = _D["seed"],
     verify_checksums: bool = True,
+    **partition: Unpack[PartitionOptions],
 ) -> FederatedDataset:
     """CIFAR-10 (Krizhevsky 2009) dealt over clients by a partitioner.
 
     50,000 / 10,000 32x32 colour images of 10 classes, from the python or
-    binary version in `data_dir`. The options are those of `fashion_mnist`.
+    binary version in `data_dir`, dealt by `**partition` (`PartitionOptions`).
     """
-    options = partition_options(locals())
+    options = partition_options(partition, "cifar10")
     return _cifar_dataset("cifar10", 10, data_dir, options, "fine", verify_checksums)
 
 
@@ -502,17 +463,8 @@ def cifar100(
     *,
     data_dir: str | None = None,
     label: str = "fine",
-    num_clients: int = _D["num_clients"],
-    partition: str = _D["partition"],
-    alpha: float = _D["alpha"],
-    min_size: int = _D["min_size"],
-    shards_per_client: int = _D["shards_per_client"],
-    sigma: float = _D["sigma"],
-    test: str = _D["test"],
-    num_test_clients: int = _D["num_test_clients"],
-    test_fraction: float = _D["test_fraction"],
-    seed: int = _D["seed"],
     verify_checksums: bool = True,
+    **partition: Unpack[PartitionOptions],
 ) -> FederatedDataset:
     """CIFAR-100: TFF's federated split, or the centralized set dealt by a partitioner.
 
@@ -521,30 +473,22 @@ def cifar100(
     test clients of 100 images each, made by a two-level Pachinko allocation
     (coarse labels ~ Dir(0.1), fine ~ Dir(10); Reddi et al. 2021); the
     partition options are then ignored. With `cifar-100-python[.tar.gz]`,
-    the 50,000 / 10,000 images are dealt by the partitioner (options of
-    `fashion_mnist`).
+    the 50,000 / 10,000 images are dealt by the partitioner.
 
     Args:
       data_dir: where TFF's or the centralized files are.
       label: 'fine' (100 classes) or 'coarse' (20 superclasses).
-      num_clients: training clients N (partitioned).
-      partition: the partitioner (see `fashion_mnist`).
-      alpha: its Dirichlet concentration.
-      min_size: the smallest client of 'dirichlet'.
-      shards_per_client: label shards per client ('shards').
-      sigma: spread of the 'lognormal' sizes.
-      test: 'unseen' or 'held-out' test clients.
-      num_test_clients: test clients ('unseen').
-      test_fraction: share held out per client ('held-out').
-      seed: seed of the partition.
       verify_checksums: check files that have a published SHA-256.
+      **partition: the `jaxfl.data.PartitionOptions`
+        (with the centralized files).
     """
     from jaxfl.data.datasets.tff_cifar100 import find_tff_cifar100, tff_cifar100
 
+    check_partition_keywords(partition, "cifar100")
     if label not in ("fine", "coarse"):
         raise ValueError(f"label must be 'fine' or 'coarse', got {label!r}")
     checked = check_data_dir(data_dir, "cifar100")
     if checked is not None and find_tff_cifar100(checked) is not None:
         return tff_cifar100(checked, label=label)
-    options = partition_options(locals())
+    options = partition_options(partition, "cifar100")
     return _cifar_dataset("cifar100", 100, data_dir, options, label, verify_checksums)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 
 from jaxfl.data.datasets.centralized import (
-    PARTITION_DEFAULTS,
+    PartitionOptions,
+    check_partition_keywords,
     partition_options,
     partition_summary,
     write_partitioned,
@@ -30,7 +32,6 @@ from jaxfl.data.population import FederatedDataset
 from jaxfl.validation import check_int
 
 _CONVERTER_VERSION = 2  # 2: dirichlet-mixture clients cover every example
-_D = PARTITION_DEFAULTS
 
 
 def default_tfds_data_dir() -> Path:
@@ -106,16 +107,7 @@ def tfds_dataset(
     train_split: str = "train",
     test_split: str = "test",
     min_examples: int = 1,
-    num_clients: int = _D["num_clients"],
-    partition: str = _D["partition"],
-    alpha: float = _D["alpha"],
-    min_size: int = _D["min_size"],
-    shards_per_client: int = _D["shards_per_client"],
-    sigma: float = _D["sigma"],
-    test: str = _D["test"],
-    num_test_clients: int = _D["num_test_clients"],
-    test_fraction: float = _D["test_fraction"],
-    seed: int = _D["seed"],
+    **partition: Unpack[PartitionOptions],
 ) -> FederatedDataset:
     """A prepared TFDS dataset, by its natural clients or partitioned.
 
@@ -130,22 +122,15 @@ def tfds_dataset(
       test_split: the split of the test clients (natural clients: the test
         split's own clients; partitioned: see `test`).
       min_examples: natural clients with fewer examples are dropped.
-      num_clients: training clients N (partitioned).
-      partition: the partitioner (see `jaxfl.data.datasets.images.fashion_mnist`), used without a client key.
-      alpha: its Dirichlet concentration.
-      min_size: the smallest client of 'dirichlet'.
-      shards_per_client: label shards per client ('shards').
-      sigma: spread of the 'lognormal' sizes.
-      test: 'unseen' or 'held-out' test clients.
-      num_test_clients: test clients ('unseen').
-      test_fraction: share held out per client ('held-out').
-      seed: seed of the partition.
+      **partition: the `jaxfl.data.PartitionOptions`,
+        used without a client key.
 
     Returns:
       The `FederatedDataset` (memory-mapped from the cache).
     """
     root = Path(data_dir).expanduser() if data_dir is not None else default_tfds_data_dir()
     min_examples = check_int("min_examples", min_examples)
+    check_partition_keywords(partition, "tfds_dataset")
     info = tfds_info(name, root)
     where = f"tfds:{info.full_name} in {info.dataset_dir}"
     label = info.label_key
@@ -156,7 +141,7 @@ def tfds_dataset(
     key = _client_key(info, client_key)
     options = dict(client_key=key, train_split=train_split, test_split=test_split, min_examples=min_examples)
     if key is None:
-        options.update(partition_options(locals()))
+        options.update(partition_options(partition, "tfds_dataset"))
 
     def read(split: str) -> dict[str, np.ndarray]:
         wanted = [f for f in (info.image_key, label, key) if f] if info.image_key else None
@@ -169,7 +154,7 @@ def tfds_dataset(
 
     def build(builder):
         train = read(train_split)
-        test_data = read(test_split) if (key is not None or test == "unseen") else None
+        test_data = read(test_split) if (key is not None or options["test"] == "unseen") else None
         metadata = {
             "num_classes": int(info.num_classes or int(train["y"].max()) + 1),
             "input_shape": list(train["x"].shape[1:]),

@@ -41,8 +41,9 @@ from data.writers import (
     write_tff_sqlite,
 )
 
-from jaxfl.data import load_dataset
+from jaxfl.data import dataset_options, load_dataset
 from jaxfl.data.datasets import images as images_module
+from jaxfl.data.datasets.centralized import PARTITION_DEFAULTS
 from jaxfl.data.errors import DataFileError, MissingDataError
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
@@ -154,6 +155,19 @@ def test_num_clients_and_seed(tmp_path):
     assert not np.array_equal(a.train.features["y"], c.train.features["y"])
     assert a.train.num_clients == 4 and d.train.num_clients == 8
     assert len(entries("mnist")) == 3
+
+
+@pytest.mark.parametrize("loader", [images_module.mnist, images_module.cifar10, images_module.cifar100,
+                                    images_module.fashion_mnist])
+def test_the_partition_keywords_are_declared_once_and_checked(tmp_path, loader):
+    # `**partition: Unpack[PartitionOptions]`: a misspelt keyword is refused before files are read,
+    # and the registry lists every partition option with its default.
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['num_client'\]"):
+        loader(data_dir=tmp_path, num_client=4)
+    name = {"fashion_mnist": "fashion-mnist"}.get(loader.__name__, loader.__name__)
+    options = dataset_options(name)
+    expected = {**PARTITION_DEFAULTS, **({"num_clients": None} if name == "fashion-mnist" else {})}
+    assert {key: options[key] for key in PARTITION_DEFAULTS} == expected
 
 
 def test_files_may_be_gzipped_and_in_a_subdirectory(tmp_path):
