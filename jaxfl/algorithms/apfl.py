@@ -65,7 +65,6 @@ from jaxfl.algorithms.registry import Engine, algorithm_spec
 from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.training.cohort import client_rows, train_client_rows
 from jaxfl.training.local import LocalHParams, LocalTraining, Task, local_sgd, minibatch_loss, sgd_update
-from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Params
 
 APFL_HPARAM_DEFAULTS = {"apfl_alpha": 0.5}
@@ -100,12 +99,9 @@ def apfl_joint_objective(task: Task, params: Params, batch, valid, key) -> tuple
 
 def apfl(
     global_algorithm: FederatedAlgorithm,
-    task: Task,
     local: LocalTraining,
-    clients_per_round: int,
     num_clients: int,
     *,
-    strategy: ClientStrategy,
     alpha_lr: float = 0.0,
     name: str = "apfl",
 ) -> FederatedAlgorithm:
@@ -115,9 +111,9 @@ def apfl(
       global_algorithm: the server side, FedAvg's composed round (with the
         run's aggregator, attack and stragglers: dropped stragglers step
         neither model): its local steps must be plain local SGD, which the
-        joint steps repeat.
-      task, local, clients_per_round, strategy: FedAvg's, as `jaxfl.algorithms.stages.compose_round`
-        takes them.
+        joint steps repeat; the local models train on its cohort, with its
+        task and client strategy.
+      local: FedAvg's local training.
       num_clients: N, the training clients (rows of the local models).
       alpha_lr: > 0: each client's alpha_k adapts with this step size
         (module docstring); 0: one fixed alpha, 'apfl_alpha'.
@@ -141,6 +137,7 @@ def apfl(
         raise ValueError(
             f"apfl builds on a composed round's stages; {global_algorithm.name} writes its own round"
         )
+    task, strategy = composition.task, composition.strategy
     if "apfl_alpha" in global_algorithm.hparam_defaults:
         raise ValueError(f"{global_algorithm.name} already has a hyperparameter 'apfl_alpha'")
 
@@ -216,6 +213,6 @@ def apfl(
 def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorithm:
     """APFL beside FedAvg, as the registry builds it for a run."""
     return apfl(
-        algorithm_spec("fedavg").build(engine, options), engine.task, engine.local, engine.clients_per_round,
-        engine.training_clients("apfl"), strategy=engine.strategy, alpha_lr=options["apfl_alpha_lr"],
+        algorithm_spec("fedavg").build(engine, options), engine.local, engine.training_clients("apfl"),
+        alpha_lr=options["apfl_alpha_lr"],
     )

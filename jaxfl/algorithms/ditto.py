@@ -59,17 +59,9 @@ from jaxfl.algorithms.base import FederatedAlgorithm
 from jaxfl.algorithms.registry import DITTO_GLOBALS, Engine, algorithm_spec
 from jaxfl.algorithms.stages import PersonalStage
 from jaxfl.data.population import ClientPopulation, GatheredCohort
+from jaxfl.training import LocalHParams, LocalTraining, Task, client_loss_and_error, local_sgd
 from jaxfl.training.cohort import train_client_rows, update_personal_models
-from jaxfl.training.local import (
-    LocalHParams,
-    LocalStep,
-    LocalTraining,
-    Task,
-    client_loss_and_error,
-    local_sgd,
-    minibatch_loss,
-)
-from jaxfl.training.strategies import ClientStrategy
+from jaxfl.training.local import LocalStep, minibatch_loss
 from jaxfl.types import Params
 
 DITTO_HPARAM_DEFAULTS = {"lam": 1.0}
@@ -144,12 +136,9 @@ def greedy_lambda_step(
 
 def ditto(
     global_algorithm: FederatedAlgorithm,
-    task: Task,
     local: LocalTraining,
-    clients_per_round: int,
     num_clients: int,
     *,
-    strategy: ClientStrategy,
     dynamic_lam: tuple[float, ...] = (),
     validation: ClientPopulation | None = None,
     name: str = "ditto",
@@ -157,10 +146,11 @@ def ditto(
     """Ditto with `global_algorithm` as its global solver G (module docstring).
 
     Args:
-      global_algorithm: G, any algorithm of the round template (FedAvg,
-        FedProx, Delta-FL, q-FFL, ..., with any aggregator).
-      task, local, clients_per_round, strategy: G's, as `jaxfl.algorithms.stages.compose_round` takes
-        them (local: r = s local iterations).
+      global_algorithm: G, any composed round (FedAvg, FedProx, Delta-FL,
+        q-FFL, ..., with any aggregator); the personal models train on its
+        cohort, with its task and client strategy.
+      local: the personal models' local training (r = s local iterations:
+        G's, unless G's own is a function of the population, as FedSGD's).
       num_clients: N, the training clients (rows of the personal models).
       dynamic_lam: dynamic lambda's candidates (module docstring); () : the
         fixed lambda 'lam'.
@@ -199,6 +189,7 @@ def ditto(
         raise ValueError(
             f"ditto builds on a composed round's stages; {global_algorithm.name} writes its own round"
         )
+    task, clients_per_round, strategy = composition.task, composition.clients_per_round, composition.strategy
     if composition.personal is not None or composition.client_update.init_row is not None:
         raise ValueError(f"ditto's personal models would replace {global_algorithm.name}'s per-client state")
     if "lam" in global_algorithm.hparam_defaults:
@@ -269,6 +260,6 @@ def from_engine(engine: Engine, options: Mapping[str, Any]) -> FederatedAlgorith
     inner_spec = algorithm_spec(global_name)
     inner = inner_spec.build(engine, {k: options[k] for k in inner_spec.options})
     return ditto(
-        inner, engine.task, engine.local, engine.clients_per_round, engine.training_clients("ditto"),
-        strategy=engine.strategy, dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
+        inner, engine.local, engine.training_clients("ditto"),
+        dynamic_lam=lambda_candidates(options["ditto_dynamic_lam"]),
     )

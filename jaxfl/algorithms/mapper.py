@@ -60,17 +60,9 @@ from jaxfl.algorithms.apfl import client_mixtures, mixture
 from jaxfl.algorithms.base import FederatedAlgorithm, ServerState
 from jaxfl.algorithms.ditto import lambda_candidates, least_loss_choice
 from jaxfl.algorithms.registry import Engine
+from jaxfl.training import LocalHParams, LocalTraining, Task, client_loss_and_error, local_sgd
 from jaxfl.training.cohort import train_client_rows
-from jaxfl.training.local import (
-    LocalHParams,
-    LocalStep,
-    LocalTraining,
-    Task,
-    client_loss_and_error,
-    local_sgd,
-    minibatch_loss,
-    sgd_update,
-)
+from jaxfl.training.local import LocalStep, minibatch_loss, sgd_update
 from jaxfl.types import Params
 
 MAPPER_CANDIDATES = (0.25, 0.5, 0.75)

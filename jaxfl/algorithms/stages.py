@@ -372,6 +372,11 @@ class Composition(NamedTuple):
     personal: PersonalStage | None
     options: RoundOptions
 
+    @property
+    def strategy(self) -> ClientStrategy:
+        """How the round lays out its clients (`options['strategy']`)."""
+        return self.options["strategy"]
+
     def rebuilt(self, **changes) -> FederatedAlgorithm:
         """`compose_round` of these stages with `changes` (Ditto adds a personal stage)."""
         fields = {**self._asdict(), **changes}

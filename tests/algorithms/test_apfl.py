@@ -45,7 +45,7 @@ N = len(SIZES)
 @functools.cache
 def build(strategy="vmap"):
     layout = ClientStrategy(strategy)
-    return apfl(fedavg(TASK, LOCAL, M, strategy=layout), TASK, LOCAL, M, N, strategy=layout)
+    return apfl(fedavg(TASK, LOCAL, M, strategy=layout), LOCAL, N)
 
 
 def joint_steps_reference(w, v, data, orders, alpha, alpha_lr=0.0):
@@ -118,9 +118,7 @@ def test_apfl_matches_numpy_loop(alpha):
 
 def test_adaptive_alpha_matches_numpy_loop():
     layout = ClientStrategy("vmap")
-    algorithm = apfl(
-        fedavg(TASK, LOCAL, M, strategy=layout), TASK, LOCAL, M, N, strategy=layout, alpha_lr=2.0
-    )
+    algorithm = apfl(fedavg(TASK, LOCAL, M, strategy=layout), LOCAL, N, alpha_lr=2.0)
     state = algorithm.init(initial_params(), {"lr": LR, "apfl_alpha": 0.5})
     state, metrics = run_rounds(algorithm, state, 4, KEY)
     kernel, bias, v_kernel, v_bias, alphas = apfl_reference(initial_params(), 4, 0.5, alpha_lr=2.0)
@@ -161,7 +159,7 @@ def test_sharded_layout_matches_vmap():
 def test_stragglers_dropped_by_fedavg_keep_their_local_models():
     layout = ClientStrategy("vmap")
     global_algorithm = fedavg(TASK, LOCAL, 4, strategy=layout, stragglers=0.5)
-    algorithm = apfl(global_algorithm, TASK, LOCAL, 4, N, strategy=layout)
+    algorithm = apfl(global_algorithm, LOCAL, N)
     state, metrics = run_rounds(algorithm, algorithm.init(initial_params(), {"lr": LR}), 1, KEY)
     keys = round_keys(KEY, jnp.int32(0))
     ids = np.asarray(_sample_cohort(keys.sampling, POPULATION, 4))

@@ -30,9 +30,9 @@ VMAP = ClientStrategy("vmap")
 
 def build(name, strategy):
     if name == "ditto":
-        return ditto(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
+        return ditto(fedavg(TASK, LOCAL, M, strategy=strategy), LOCAL, N)
     if name == "apfl":
-        return apfl(fedavg(TASK, LOCAL, M, strategy=strategy), TASK, LOCAL, M, N, strategy=strategy)
+        return apfl(fedavg(TASK, LOCAL, M, strategy=strategy), LOCAL, N)
     return l2sgd(TASK, LOCAL, M, N, strategy=strategy)
 
 

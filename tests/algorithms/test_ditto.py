@@ -46,7 +46,7 @@ def build(kind="fedavg", strategy="vmap"):
         inner = fedavg(TASK, LOCAL, M, strategy=layout)
     else:
         inner = deltafl(TASK, LOCAL, M, strategy=layout)
-    return ditto(inner, TASK, LOCAL, M, N, strategy=layout)
+    return ditto(inner, LOCAL, N)
 
 
 def personal_reference(w0, key, num_rounds, lam):
@@ -145,7 +145,7 @@ def test_sharded_layout_matches_vmap():
 def test_ditto_refuses_bad_settings():
     inner = fedavg(TASK, LOCAL, M, strategy=ClientStrategy("vmap"))
     with pytest.raises(ValueError, match="num_clients >= 1"):
-        ditto(inner, TASK, LOCAL, M, 0, strategy=ClientStrategy("vmap"))
+        ditto(inner, LOCAL, 0)
     with pytest.raises(ValueError, match="unknown hyperparameters"):
         build().init(initial_params(), {"mu": 1.0})
 

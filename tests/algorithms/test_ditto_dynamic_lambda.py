@@ -50,7 +50,7 @@ VALIDATION = tiny_population([6, 2, 5, 4, 9, 3, 7, 5], seed=13)
 def build(strategy="vmap"):
     layout = ClientStrategy(strategy)
     inner = fedavg(TASK, LOCAL, M, strategy=layout)
-    return ditto(inner, TASK, LOCAL, M, N, strategy=layout, dynamic_lam=CANDIDATES, validation=VALIDATION)
+    return ditto(inner, LOCAL, N, dynamic_lam=CANDIDATES, validation=VALIDATION)
 
 
 def dynamic_reference(num_rounds):
@@ -131,7 +131,7 @@ def test_validation_given_with_the_population_is_an_argument_of_the_round():
 
     def from_population():
         inner = fedavg(TASK, LOCAL, M, strategy=layout)
-        return ditto(inner, TASK, LOCAL, M, N, strategy=layout, dynamic_lam=CANDIDATES)
+        return ditto(inner, LOCAL, N, dynamic_lam=CANDIDATES)
 
     algorithm = from_population()
     start = {"lr": LR, "lam": FALLBACK}
@@ -155,7 +155,7 @@ def test_validation_given_with_the_population_is_an_argument_of_the_round():
         algorithm, dataclasses.replace(POPULATION, held_out=other)
     )
     inner = fedavg(TASK, LOCAL, M, strategy=layout)
-    constant = ditto(inner, TASK, LOCAL, M, N, strategy=layout, dynamic_lam=CANDIDATES, validation=other)
+    constant = ditto(inner, LOCAL, N, dynamic_lam=CANDIDATES, validation=other)
     assert lowered(build(), POPULATION) != lowered(constant, POPULATION)
     with pytest.raises(ValueError, match="held_out"):
         jax.eval_shape(from_population().round, state, POPULATION, KEY)
@@ -170,11 +170,8 @@ def test_lambda_candidates_parse_and_refuse():
     with pytest.raises(ValueError, match="validation population"):
         ditto(
             fedavg(TASK, LOCAL, M, strategy=ClientStrategy("vmap")),
-            TASK,
             LOCAL,
-            M,
             N,
-            strategy=ClientStrategy("vmap"),
             dynamic_lam=CANDIDATES,
             validation=tiny_population([5, 5], seed=1),  # 2 clients for N = 8.
         )

@@ -50,7 +50,7 @@ def build(aggregator_name="mean", attack=None, scale=None, personal=False):
         attacked=ATTACKED if attack else None,
     )
     inner = fedavg(TASK, LOCAL, M, strategy=LAYOUT, robustness=robustness)
-    return ditto(inner, TASK, LOCAL, M, N, strategy=LAYOUT) if personal else inner
+    return ditto(inner, LOCAL, N) if personal else inner
 
 
 def numpy_rounds(num_rounds, combine, forge=None):

@@ -52,11 +52,11 @@ def build(name, strategy):
     inner = fedavg(TASK, LOCAL, M, strategy=strategy)
     if name.startswith("ditto"):
         dynamic = (0.1, 1.0, 3.0) if name == "ditto-dynamic" else ()
-        return ditto(inner, TASK, LOCAL, M, N, strategy=strategy, dynamic_lam=dynamic)
+        return ditto(inner, LOCAL, N, dynamic_lam=dynamic)
     if name == "mapper":
         return mapper(TASK, LOCAL, M, N, strategy=strategy)
     alpha_lr = 2.0 if name == "apfl-adaptive" else 0.0
-    return apfl(inner, TASK, LOCAL, M, N, strategy=strategy, alpha_lr=alpha_lr)
+    return apfl(inner, LOCAL, N, alpha_lr=alpha_lr)
 
 
 def run_on_host(algorithm, state, num_rounds, key, rounds_ahead=4, population=POPULATION):
