@@ -118,26 +118,6 @@ def load_cached(
     )
 
 
-def write_clients(
-    writer,
-    clients: Iterable[tuple[str, Mapping[str, np.ndarray]]],
-    *,
-    total: int | None,
-    description: str,
-    min_examples: int = 1,
-) -> int:
-    """Appends every client with at least `min_examples` examples; returns how many were kept."""
-    kept = 0
-    with progress_bar(total, description) as bar:
-        for name, features in clients:
-            bar.update(1)
-            size = len(next(iter(features.values())))
-            if size >= max(min_examples, 1):
-                writer.add(name, features)
-                kept += 1
-    return kept
-
-
 def write_population(
     builder: CacheBuilder,
     population: str,

@@ -37,7 +37,7 @@ from jaxfl.data.datasets.common import (
     missing,
     split_clients_by_name,
     take_first,
-    write_clients,
+    write_population,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
@@ -127,20 +127,17 @@ def emnist(
     def build(builder):
         statistics = {}
         for population, source in sources.items():
-            writer = builder.population(population)
             # Closed even on an error (a traceback would keep the file open).
             with contextlib.closing(source.clients()) as raw_clients:
+                where = source.path.name
                 clients = (
-                    (
-                        client,
-                        take_first(
-                            _featurize(raw, pixels, num_classes, f"{source.path.name}: {client}"), cap
-                        ),
-                    )
+                    (client, take_first(_featurize(raw, pixels, num_classes, f"{where}: {client}"), cap))
                     for client, raw in raw_clients
                 )
-                write_clients(writer, clients, total=source.total, description=f"emnist {population}")
-            statistics[population] = writer.num_clients
+                statistics[population] = write_population(
+                    builder, population, clients, total=source.total, description=f"emnist {population}",
+                    empty_error=f"{source.path}: no {population} writer has an example",
+                )  # fmt: skip
         return {
             "num_classes": num_classes,
             "input_shape": [28, 28, 1],
@@ -148,6 +145,7 @@ def emnist(
                 f"EMNIST{' digits' if only_digits else ''} by writer ({source_format}, "
                 f"{sources['train'].path.parent}), pixels {pixels}"
             ),
+            "statistics": statistics,
             "format": source_format,
         }
 

@@ -20,7 +20,7 @@ from jaxfl.data.datasets.common import (
     ClientSource,
     find_tff_sources,
     load_cached,
-    write_clients,
+    write_population,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
@@ -60,12 +60,16 @@ def tff_cifar100(data_dir: Path, *, label: str = "fine") -> FederatedDataset:
     source_format, sources = found
 
     def build(builder):
+        statistics = {}
         for population, source in sources.items():
-            writer = builder.population(population)
             with contextlib.closing(source.clients()) as raw_clients:
                 clients = ((c, _featurize(f, label, f"{source.path.name}: {c}")) for c, f in raw_clients)
-                write_clients(writer, clients, total=source.total, description=f"cifar100 {population}")
+                statistics[population] = write_population(
+                    builder, population, clients, total=source.total, description=f"cifar100 {population}",
+                    empty_error=f"{source.path}: no {population} client has an example",
+                )  # fmt: skip
         return {
+            "statistics": statistics,
             "num_classes": 100 if label == "fine" else 20,
             "input_shape": [32, 32, 3],
             "description": f"CIFAR-100 ({label} labels), TFF's federated split ({source_format}, {data_dir})",

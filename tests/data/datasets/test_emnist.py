@@ -125,6 +125,11 @@ def test_round_trip_keeps_writers_and_the_published_split(tmp_path, fmt):
     assert set(data.test.client_names()) < set(data.train.client_names())
     np.testing.assert_array_equal(data.train.counts, [3, 1, 4, 2])
     np.testing.assert_array_equal(data.test.counts, [2, 1, 1])
+    # The cache entry records each population's sizes (`common.write_population`, as every loader's).
+    (entry,) = entries("emnist")
+    statistics = json.loads((entry / "metadata.json").read_text())["statistics"]
+    assert statistics["train"] == {"clients": 4, "examples": 10, "min": 1, "median": 2, "max": 4}
+    assert statistics["test"] == {"clients": 3, "examples": 4, "min": 1, "median": 1, "max": 2}
 
 
 @pytest.mark.parametrize("fmt", FORMATS[1:])
