@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -183,6 +184,30 @@ class ClientSource:
         self.path = path
         self.total = total
         self.clients = clients
+
+
+def write_sources(
+    builder: CacheBuilder,
+    sources: Mapping[str, ClientSource],
+    featurize: Callable[[Mapping[str, np.ndarray], str], Mapping[str, np.ndarray]],
+    dataset: str,
+) -> dict[str, dict[str, int]]:
+    """Writes every population of `sources` (`write_population`); returns their statistics.
+
+    Each client's raw features go through `featurize(raw, where)`, `where`
+    naming the file and the client for error messages.
+    """
+    statistics = {}
+    for population, source in sources.items():
+        # Closed even on an error (a traceback would keep the file open).
+        with contextlib.closing(source.clients()) as raw_clients:
+            where = source.path.name
+            clients = ((client, featurize(raw, f"{where}: {client}")) for client, raw in raw_clients)
+            statistics[population] = write_population(
+                builder, population, clients, total=source.total, description=f"{dataset} {population}",
+                empty_error=f"{source.path}: no {population} client has an example",
+            )  # fmt: skip
+    return statistics
 
 
 def stack_examples(examples: Sequence[Mapping[str, Any]], where: str) -> dict[str, np.ndarray]:

@@ -23,7 +23,6 @@ between the two (TFF: 3,400 writers, 671,585 / 77,483 examples; digits:
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ from jaxfl.data.datasets.common import (
     missing,
     split_clients_by_name,
     take_first,
-    write_population,
+    write_sources,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.leaf_json import find_leaf_splits, iter_leaf_users
@@ -125,19 +124,10 @@ def emnist(
     options = {"only_digits": only_digits, "pixels": pixels, "max_examples_per_client": cap}
 
     def build(builder):
-        statistics = {}
-        for population, source in sources.items():
-            # Closed even on an error (a traceback would keep the file open).
-            with contextlib.closing(source.clients()) as raw_clients:
-                where = source.path.name
-                clients = (
-                    (client, take_first(_featurize(raw, pixels, num_classes, f"{where}: {client}"), cap))
-                    for client, raw in raw_clients
-                )
-                statistics[population] = write_population(
-                    builder, population, clients, total=source.total, description=f"emnist {population}",
-                    empty_error=f"{source.path}: no {population} writer has an example",
-                )  # fmt: skip
+        def featurize(raw, where):
+            return take_first(_featurize(raw, pixels, num_classes, where), cap)
+
+        statistics = write_sources(builder, sources, featurize, "emnist")
         return {
             "num_classes": num_classes,
             "input_shape": [28, 28, 1],

@@ -11,7 +11,6 @@ them as published, from `fed_cifar100_{train,test}.h5` or
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from jaxfl.data.datasets.common import (
     ClientSource,
     find_tff_sources,
     load_cached,
-    write_population,
+    write_sources,
 )
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.population import FederatedDataset
@@ -60,14 +59,9 @@ def tff_cifar100(data_dir: Path, *, label: str = "fine") -> FederatedDataset:
     source_format, sources = found
 
     def build(builder):
-        statistics = {}
-        for population, source in sources.items():
-            with contextlib.closing(source.clients()) as raw_clients:
-                clients = ((c, _featurize(f, label, f"{source.path.name}: {c}")) for c, f in raw_clients)
-                statistics[population] = write_population(
-                    builder, population, clients, total=source.total, description=f"cifar100 {population}",
-                    empty_error=f"{source.path}: no {population} client has an example",
-                )  # fmt: skip
+        statistics = write_sources(
+            builder, sources, lambda raw, where: _featurize(raw, label, where), "cifar100"
+        )
         return {
             "statistics": statistics,
             "num_classes": 100 if label == "fine" else 20,
