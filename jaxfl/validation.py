@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -91,3 +91,17 @@ def check_choice(name: str, value: Any, allowed: Sequence[Any]) -> Any:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
     return value
+
+
+def check_keywords(caller: str, given: Collection[str], allowed: Collection[str]) -> None:
+    """A TypeError, as Python's own, for keywords of a `**kwargs: Unpack[...]` that the TypedDict lacks.
+
+    `allowed` is the TypedDict's keys (`TypedDict.__annotations__`), or another
+    declaration of them.
+    """
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword arguments {unknown}; valid: {', '.join(allowed)}"
+        )
+

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from jaxfl.validation import check_choice, check_fraction, check_int, check_number, range_text
+from jaxfl.validation import check_choice, check_fraction, check_int, check_keywords, check_number, range_text
 
 
 @pytest.mark.parametrize(
@@ -80,3 +80,17 @@ def test_range_texts_and_the_other_checks():
     assert check_choice("mode", "a", ("a", "b")) == "a"
     with pytest.raises(ValueError, match="mode must be one of a, b, got 'c'"):
         check_choice("mode", "c", ("a", "b"))
+
+
+def test_keywords_of_a_typed_dict_are_checked_where_it_is_unpacked():
+    check_keywords("f", {"a": 1}, ("a", "b"))
+    check_keywords("f", {}, ("a", "b"))
+    message = r"^f\(\) got unexpected keyword arguments \['c', 'd'\]; valid: a, b$"
+    with pytest.raises(TypeError, match=message):
+        check_keywords("f", {"d": 1, "a": 2, "c": 3}, ("a", "b"))
+    # The round's own options (`RoundOptions`), refused by `compose_round` before anything is built.
+    from jaxfl.algorithms import stages
+
+    unexpected = r"compose_round\(\) got unexpected keyword arguments \['strategyy'\]"
+    with pytest.raises(TypeError, match=unexpected):
+        stages.compose_round("x", None, 1, client_update=None, strategyy=None)

@@ -86,6 +86,7 @@ from jaxfl.training.cohort import (
 from jaxfl.training.local import ExamplePrivacy, LocalHParams, LocalTraining, Task
 from jaxfl.training.strategies import ClientStrategy
 from jaxfl.types import Key, Metrics, Params, PyTree
+from jaxfl.validation import check_keywords
 
 # fold_in data of the attack's key (apart from the plan's and aggregation's).
 ATTACK_STREAM = 0x41545441
@@ -442,9 +443,7 @@ def compose_round(
     Raises:
       ValueError: invalid static settings, or stages that cannot go together.
     """
-    unknown = sorted(set(options) - set(RoundOptions.__annotations__))
-    if unknown:
-        raise TypeError(f"compose_round got unknown options {unknown}")
+    check_keywords("compose_round", options, RoundOptions.__annotations__)
     if "strategy" not in options:
         raise TypeError("compose_round needs the client strategy (strategy=...)")
     composition = Composition(

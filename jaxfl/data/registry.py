@@ -303,7 +303,12 @@ def dataset_options(name: str) -> dict[str, Any]:
     declared = {}
     for parameter in inspect.signature(spec.generator).parameters.values():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            # A centralized dataset's `**partition: Unpack[PartitionOptions]`.
+            # The one `**kwargs` a loader may take: a centralized dataset's partition options.
+            if "Unpack[PartitionOptions]" not in str(parameter.annotation):
+                raise AssertionError(
+                    f"dataset {name!r}: **{parameter.name} lists no options; declare "
+                    "**partition: Unpack[PartitionOptions] or keyword arguments"
+                )
             declared.update(PARTITION_DEFAULTS)
         else:
             declared[parameter.name] = parameter.default

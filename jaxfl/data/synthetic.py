@@ -851,8 +851,10 @@ def many_clients(
     )
 
     def generate():
-        sizes = (num_clients, num_test_clients, min_examples, max_examples)
-        return _many_clients_populations(seed, *sizes, num_features, num_classes, label_skew)
+        return _many_clients_populations(
+            seed, num_clients, num_test_clients, min_examples, max_examples, num_features, num_classes,
+            label_skew,
+        )  # fmt: skip
 
     if storage == "memory":
         populations = {name: _pack_blocks(blocks) for name, blocks in generate()}

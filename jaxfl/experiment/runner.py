@@ -90,6 +90,7 @@ from jaxfl.experiment.training_loop import (  # noqa: F401
 )
 from jaxfl.training.client_state import HostClientState
 from jaxfl.training.host_cohorts import CohortStream
+from jaxfl.validation import check_keywords
 
 
 @dataclasses.dataclass
@@ -357,12 +358,6 @@ class RunHooks(TypedDict, total=False):
     on_restore: Callable[[int], None] | None
 
 
-def _check_hooks(hooks: dict[str, Any]) -> None:
-    unknown = sorted(set(hooks) - set(RunHooks.__annotations__))
-    if unknown:
-        raise TypeError(f"unknown run hooks {unknown}; valid: {', '.join(RunHooks.__annotations__)}")
-
-
 def train_points(
     run_setup: Setup,
     name: str,
@@ -384,7 +379,7 @@ def train_points(
     point is marked and goes on with the others (they share the compiled
     round). The arguments are `run_sweep`'s.
     """
-    _check_hooks(hooks)
+    check_keywords("train_points", hooks, RunHooks.__annotations__)
     progress, checkpoints = hooks.get("progress"), hooks.get("checkpoints")
     on_checkpoint, on_restore = hooks.get("on_checkpoint"), hooks.get("on_restore")
     resume = hooks.get("resume", False)

@@ -111,7 +111,7 @@ def test_a_single_run_is_one_unbatched_point():
     with pytest.raises(ValueError, match="a sweep needs at least one point"):
         run_sweep(run_setup, "fedavg", [])
     # The hooks are keywords of `RunHooks`: a misspelt one is refused, not ignored.
-    with pytest.raises(TypeError, match=r"unknown run hooks \['progres'\]"):
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['progres'\]"):
         run_sweep(run_setup, "fedavg", points[:1], progres=None)
-    with pytest.raises(TypeError, match=r"unknown run hooks \['checkpoint'\]"):
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['checkpoint'\]"):
         run_algorithm(run_setup, "fedavg", checkpoint=None)

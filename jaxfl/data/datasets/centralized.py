@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxfl.data import partition as partitioners
 from jaxfl.data.datasets.common import progress_bar
-from jaxfl.validation import check_choice, check_fraction, check_int
+from jaxfl.validation import check_choice, check_fraction, check_int, check_keywords
 
 TEST_SPLITS = ("unseen", "held-out")
 
@@ -78,16 +78,8 @@ PARTITION_DEFAULTS: Mapping[str, Any] = {
 
 
 def check_partition_keywords(given: Mapping[str, Any], loader: str) -> None:
-    """Refuses a keyword of `loader`'s `**partition` that `PartitionOptions` lacks.
-
-    A TypeError, as Python's own for an unexpected keyword argument.
-    """
-    unknown = sorted(set(given) - set(PARTITION_DEFAULTS))
-    if unknown:
-        raise TypeError(
-            f"{loader}() got unexpected keyword arguments {unknown}; its partition options: "
-            f"{', '.join(PARTITION_DEFAULTS)}"
-        )
+    """Refuses a keyword of `loader`'s `**partition` that `PartitionOptions` lacks (a TypeError)."""
+    check_keywords(loader, given, PARTITION_DEFAULTS)
 
 
 def partition_options(given: Mapping[str, Any], loader: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from jaxfl.data.datasets.centralized import (
     partition_summary,
     write_partitioned,
 )
-from jaxfl.data.datasets.common import load_cached, progress_bar
+from jaxfl.data.datasets.common import load_cached, progress_bar, write_population
 from jaxfl.data.errors import DataFileError
 from jaxfl.data.formats.tfds_source import TfdsInfo, read_tfds, tfds_info
 from jaxfl.data.population import FederatedDataset
@@ -86,17 +86,11 @@ def _client_key(info: TfdsInfo, client_key: str) -> str | None:
     return client_key
 
 
-def _write_natural_clients(builder, population: str, data: dict, min_examples: int, where: str) -> dict:
-    """Writes the clients named by `data["client"]` with `min_examples` examples; their statistics."""
-    writer = builder.population(population)
-    groups = group_by_client(data.pop("client"))
-    kept = [rows for _, rows in groups if rows.size >= min_examples]
-    if not kept:
-        raise DataFileError(f"{where}: no {population} client has {min_examples} examples")
-    for client, rows in groups:
-        if rows.size >= min_examples:
-            writer.add(client, {k: v[rows] for k, v in data.items()})
-    return {"clients": len(kept), "examples": int(sum(r.size for r in kept))}
+def _natural_clients(data: dict, min_examples: int):
+    """(client, its examples, None below `min_examples`) of the clients named by `data["client"]`."""
+    features = {k: v for k, v in data.items() if k != "client"}
+    for client, rows in group_by_client(data["client"]):
+        yield client, {k: v[rows] for k, v in features.items()} if rows.size >= min_examples else None
 
 
 def tfds_dataset(
@@ -164,7 +158,11 @@ def tfds_dataset(
             metadata["description"] = f"tfds:{info.full_name}: {partition_summary(options)}"
         else:
             statistics = {
-                population: _write_natural_clients(builder, population, data, min_examples, where)
+                population: write_population(
+                    builder, population, _natural_clients(data, min_examples), total=None,
+                    description=f"tfds:{info.full_name} {population} clients",
+                    empty_error=f"{where}: no {population} client has {min_examples} examples",
+                )  # fmt: skip
                 for population, data in (("train", train), ("test", test_data))
             }
             metadata["description"] = f"tfds:{info.full_name}, clients by {key!r}"

@@ -170,6 +170,18 @@ def test_the_partition_keywords_are_declared_once_and_checked(tmp_path, loader):
     assert {key: options[key] for key in PARTITION_DEFAULTS} == expected
 
 
+def test_a_loader_may_take_no_other_kwargs(monkeypatch):
+    # A bare `**kwargs` would hide a loader's options from `dataset_options` and `--dataset-option`.
+    from jaxfl.data.registry import DATASETS, DatasetSpec
+
+    def loader(*, seed: int = 0, **kwargs):
+        raise AssertionError("not called")
+
+    monkeypatch.setitem(DATASETS, "bare-kwargs", DatasetSpec(generator=loader, summary="test"))
+    with pytest.raises(AssertionError, match=r"\*\*kwargs lists no options"):
+        dataset_options("bare-kwargs")
+
+
 def test_files_may_be_gzipped_and_in_a_subdirectory(tmp_path):
     train, _ = write_mnist_like(tmp_path / "raw", seed=5)
     for name in IDX.values():

@@ -7,6 +7,7 @@ the examples it wrote.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -122,6 +123,14 @@ def test_min_examples_drops_small_clients(tiny):
     data = load_dataset(DATASET, data_dir=tiny.data_dir, min_examples=threshold)
     assert data.train.client_names() == sorted(n for n, c in counts.items() if c >= threshold)
     assert data.test.client_names() == sorted(n for n, c in test_counts.items() if c >= threshold)
+    # The cache entry's statistics are the kept clients' sizes.
+    (entry,) = entries(ENTRY)
+    statistics = json.loads((entry / "metadata.json").read_text())["statistics"]
+    kept = sorted(c for c in counts.values() if c >= threshold)
+    assert statistics["train"] == {
+        "clients": len(kept), "examples": sum(kept), "min": kept[0], "median": int(np.median(kept)),
+        "max": kept[-1],
+    }
 
 
 def test_split_slices(tiny):
